@@ -1,0 +1,459 @@
+//! Validated configuration: raw flags ([`crate::cli::ObserveArgs`]) plus an environment map.
+//!
+//! Owns the flag-or-env rule (the flag wins), every default, and the fail-open policy of
+//! invariant 8: a bad token, ingest URL or `--capture` value never stops the wrapped server; it
+//! becomes a [`ConfigWarning`] that the caller prints once, and the affected feature is switched
+//! off. Only a missing server command (stdio) or upstream (HTTP) is a hard error, because then
+//! there is nothing to run. It never reads `std::env`: the environment is passed in.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cli::ObserveArgs;
+use crate::token::SensorToken;
+
+/// The environment, passed in rather than read, so a parent CLI and the tests control it.
+pub type Env = HashMap<String, String>;
+
+pub const ENV_TOKEN: &str = "BOUNDED_SENSOR_TOKEN";
+pub const ENV_ORG: &str = "BOUNDED_ORG";
+pub const ENV_ACTOR: &str = "BOUNDED_ACTOR";
+pub const ENV_SERVER_NAME: &str = "BOUNDED_MCP_SERVER_NAME";
+pub const ENV_INGEST: &str = "BOUNDED_INGEST_BASE";
+pub const ENV_CAPTURE: &str = "BOUNDED_CAPTURE_FIELDS";
+pub const ENV_ON_BEHALF_OF: &str = "BOUNDED_ON_BEHALF_OF";
+pub const ENV_HTTP: &str = "BOUNDED_MCP_HTTP";
+pub const ENV_UPSTREAM: &str = "BOUNDED_MCP_UPSTREAM";
+pub const ENV_PORT: &str = "BOUNDED_MCP_PORT";
+pub const ENV_FLUSH_MS: &str = "BOUNDED_FLUSH_MS";
+pub const ENV_CALL_TIMEOUT_MS: &str = "BOUNDED_CALL_TIMEOUT_MS";
+pub const ENV_SHUTDOWN_FLUSH_MS: &str = "BOUNDED_SHUTDOWN_FLUSH_MS";
+pub const ENV_DEBUG: &str = "BOUNDED_DEBUG";
+/// The kill switch (invariant 7).
+pub const ENV_DISABLED: &str = "BOUNDED_OBSERVE_MCP_DISABLED";
+
+/// Every env var the wrapper reads, for docs and the README consistency test.
+pub const ALL_ENV: &[&str] = &[
+    ENV_TOKEN,
+    ENV_ORG,
+    ENV_ACTOR,
+    ENV_SERVER_NAME,
+    ENV_INGEST,
+    ENV_CAPTURE,
+    ENV_ON_BEHALF_OF,
+    ENV_HTTP,
+    ENV_UPSTREAM,
+    ENV_PORT,
+    ENV_FLUSH_MS,
+    ENV_CALL_TIMEOUT_MS,
+    ENV_SHUTDOWN_FLUSH_MS,
+    ENV_DEBUG,
+    ENV_DISABLED,
+];
+
+/// The reference ingest's default address (DESIGN §7).
+pub const DEFAULT_INGEST: &str = "http://127.0.0.1:7361";
+/// DESIGN §3.
+pub const DEFAULT_FLUSH: Duration = Duration::from_millis(2000);
+/// Longer than the 60 s request timeout of the official SDKs, so a client that gives up first
+/// is seen as a cancellation (499), and only a call nobody ever answers becomes a 504.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a dead ingest may delay the wrapper's exit (issue: reporter shutdown ≤ 2 s).
+pub const DEFAULT_SHUTDOWN_FLUSH: Duration = Duration::from_millis(2000);
+/// Fallback server name when neither `--name` nor `serverInfo.name` is known.
+pub const DEFAULT_SERVER_NAME: &str = "mcp";
+
+/// Where events go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IngestTarget {
+    /// `http(s)://…` base; batches are POSTed to `<base>/v1/events`.
+    Http(String),
+    /// `file:PATH`: each filtered batch appended as one JSON line (offline use, tests).
+    File(PathBuf),
+    /// Nothing is sent anywhere (no usable token, or a bad ingest value): observation may still
+    /// run for `--debug` counters, but no socket is opened.
+    Off,
+}
+
+/// Transport mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    Stdio {
+        program: OsString,
+        args: Vec<OsString>,
+    },
+    Http {
+        upstream: String,
+        port: u16,
+    },
+}
+
+/// Everything the run needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mode: Mode,
+    /// `BOUNDED_OBSERVE_MCP_DISABLED=1`: pure passthrough, no observation, no network.
+    pub disabled: bool,
+    pub token: Option<SensorToken>,
+    /// Logs only; never sent.
+    pub org: Option<String>,
+    pub actor: String,
+    /// `--name`; when `None` the observer uses `serverInfo.name`, else [`DEFAULT_SERVER_NAME`].
+    pub server_name: Option<String>,
+    pub ingest: IngestTarget,
+    /// Extra allow-listed argument keys (the PII denylist still overrides them).
+    pub capture: Vec<String>,
+    pub on_behalf_of: Option<String>,
+    pub flush: Duration,
+    pub call_timeout: Duration,
+    pub shutdown_flush: Duration,
+    pub debug: bool,
+}
+
+/// A misconfiguration that does not stop the server (invariant 8). Printed once on stderr.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigWarning {
+    #[error("no sensor token (--token or {ENV_TOKEN}): events will not be reported; set it to the token `bounded-ingest mint` printed")]
+    NoToken,
+    #[error("sensor token from {origin} is malformed ({err}): events will not be reported; expected obs1.<keyId>.<sig>")]
+    BadToken {
+        origin: &'static str,
+        err: crate::token::TokenError,
+    },
+    #[error("ingest {value:?} from {origin} is not http(s)://… or file:PATH: events will not be reported")]
+    BadIngest { origin: &'static str, value: String },
+    #[error("{name} value {value:?} is not a whole number of milliseconds: using the default {default_ms}")]
+    BadNumber {
+        name: &'static str,
+        value: String,
+        default_ms: u64,
+    },
+    #[error("capture field {value:?} is empty or not a plain key name: ignored")]
+    BadCapture { value: String },
+    #[error("{ENV_PORT} value {value:?} is not a port number: using an ephemeral port")]
+    BadPort { value: String },
+}
+
+/// A misconfiguration that leaves nothing to run. Exit code 2.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("missing server command: usage is `bounded-observe-mcp [OPTIONS] -- <server-cmd> [args...]`")]
+    MissingCommand,
+    #[error(
+        "--http needs --upstream URL (or {ENV_UPSTREAM}), e.g. --upstream https://example.com/mcp"
+    )]
+    MissingUpstream,
+    #[error("upstream {0:?} must be an http:// or https:// URL")]
+    BadUpstream(String),
+    #[error("a server command after `--` is not used with --http; drop one of them")]
+    CommandWithHttp,
+}
+
+fn truthy(v: &str) -> bool {
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
+}
+
+fn non_empty(v: Option<&String>) -> Option<String> {
+    v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+impl Config {
+    /// Applies env fallbacks and defaults. `Err` only when there is nothing to run.
+    pub fn resolve(
+        args: &ObserveArgs,
+        env: &Env,
+    ) -> Result<(Config, Vec<ConfigWarning>), ConfigError> {
+        let mut warnings = Vec::new();
+        let pick = |flag: &Option<String>, name: &str| -> Option<(String, &'static str)> {
+            if let Some(v) = flag.as_ref().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+                return Some((v.to_string(), "flag"));
+            }
+            non_empty(env.get(name)).map(|v| (v, "env"))
+        };
+
+        let disabled = env.get(ENV_DISABLED).is_some_and(|v| truthy(v));
+        let http = args.http || env.get(ENV_HTTP).is_some_and(|v| truthy(v));
+        let debug = args.debug || env.get(ENV_DEBUG).is_some_and(|v| truthy(v));
+
+        let mode = if http {
+            if !args.command.is_empty() {
+                return Err(ConfigError::CommandWithHttp);
+            }
+            let (upstream, _) =
+                pick(&args.upstream, ENV_UPSTREAM).ok_or(ConfigError::MissingUpstream)?;
+            if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
+                return Err(ConfigError::BadUpstream(upstream));
+            }
+            let port = match args.port {
+                Some(p) => p,
+                None => match non_empty(env.get(ENV_PORT)) {
+                    None => 0,
+                    Some(v) => v.parse::<u16>().unwrap_or_else(|_| {
+                        warnings.push(ConfigWarning::BadPort { value: v.clone() });
+                        0
+                    }),
+                },
+            };
+            Mode::Http { upstream, port }
+        } else {
+            let mut cmd = args.command.iter().cloned();
+            let program = cmd.next().ok_or(ConfigError::MissingCommand)?;
+            Mode::Stdio {
+                program,
+                args: cmd.collect(),
+            }
+        };
+
+        let token = match pick(&args.token, ENV_TOKEN) {
+            None => {
+                if !disabled {
+                    warnings.push(ConfigWarning::NoToken);
+                }
+                None
+            }
+            Some((raw, source)) => match SensorToken::parse(&raw) {
+                Ok(t) => Some(t),
+                Err(err) => {
+                    let source = if source == "flag" {
+                        "--token"
+                    } else {
+                        ENV_TOKEN
+                    };
+                    warnings.push(ConfigWarning::BadToken {
+                        origin: source,
+                        err,
+                    });
+                    None
+                }
+            },
+        };
+
+        let ingest = match pick(&args.ingest, ENV_INGEST) {
+            None => IngestTarget::Http(DEFAULT_INGEST.to_string()),
+            Some((v, source)) => {
+                let source = if source == "flag" {
+                    "--ingest"
+                } else {
+                    ENV_INGEST
+                };
+                if let Some(path) = v.strip_prefix("file:") {
+                    if path.is_empty() {
+                        warnings.push(ConfigWarning::BadIngest {
+                            origin: source,
+                            value: v.clone(),
+                        });
+                        IngestTarget::Off
+                    } else {
+                        IngestTarget::File(PathBuf::from(path))
+                    }
+                } else if v.starts_with("http://") || v.starts_with("https://") {
+                    IngestTarget::Http(v.trim_end_matches('/').to_string())
+                } else {
+                    warnings.push(ConfigWarning::BadIngest {
+                        origin: source,
+                        value: v.clone(),
+                    });
+                    IngestTarget::Off
+                }
+            }
+        };
+        // A file sink needs no token; the network does.
+        let ingest = match (&ingest, &token) {
+            (IngestTarget::Http(_), None) => IngestTarget::Off,
+            _ => ingest,
+        };
+        if matches!(ingest, IngestTarget::File(_)) {
+            warnings.retain(|w| *w != ConfigWarning::NoToken);
+        }
+
+        let mut capture = Vec::new();
+        let env_capture = env.get(ENV_CAPTURE).cloned().unwrap_or_default();
+        let env_fields = env_capture
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty());
+        let raw_fields: Vec<String> = if args.capture.is_empty() {
+            env_fields.map(String::from).collect()
+        } else {
+            args.capture.clone()
+        };
+        for f in raw_fields {
+            let f = f.trim().to_string();
+            if f.is_empty() || f.len() > 128 || f.chars().any(|c| c.is_control() || c == ',') {
+                warnings.push(ConfigWarning::BadCapture { value: f });
+            } else if !capture.contains(&f) {
+                capture.push(f);
+            }
+        }
+
+        let mut millis = |flag: Option<u64>, name: &'static str, default: Duration| -> Duration {
+            if let Some(ms) = flag {
+                return Duration::from_millis(ms);
+            }
+            match non_empty(env.get(name)) {
+                None => default,
+                Some(v) => match v.parse::<u64>() {
+                    Ok(ms) => Duration::from_millis(ms),
+                    Err(_) => {
+                        warnings.push(ConfigWarning::BadNumber {
+                            name,
+                            value: v,
+                            default_ms: default.as_millis() as u64,
+                        });
+                        default
+                    }
+                },
+            }
+        };
+        let flush =
+            millis(args.flush_ms, ENV_FLUSH_MS, DEFAULT_FLUSH).max(Duration::from_millis(1));
+        let call_timeout = millis(
+            args.call_timeout_ms,
+            ENV_CALL_TIMEOUT_MS,
+            DEFAULT_CALL_TIMEOUT,
+        );
+        let shutdown_flush = millis(
+            args.shutdown_flush_ms,
+            ENV_SHUTDOWN_FLUSH_MS,
+            DEFAULT_SHUTDOWN_FLUSH,
+        );
+
+        let actor = match pick(&args.actor, ENV_ACTOR) {
+            Some((a, _)) => a,
+            None => match &token {
+                Some(t) => format!("mcp:{}", t.key_id()),
+                None => "mcp:unknown".to_string(),
+            },
+        };
+
+        let config = Config {
+            mode,
+            disabled,
+            token,
+            org: pick(&args.org, ENV_ORG).map(|(v, _)| v),
+            actor,
+            server_name: pick(&args.name, ENV_SERVER_NAME).map(|(v, _)| v),
+            ingest,
+            capture,
+            on_behalf_of: pick(&args.on_behalf_of, ENV_ON_BEHALF_OF).map(|(v, _)| v),
+            flush,
+            call_timeout,
+            shutdown_flush,
+            debug,
+        };
+        Ok((config, warnings))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::parse_argv;
+
+    fn resolve(
+        argv: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<(Config, Vec<ConfigWarning>), ConfigError> {
+        let cli = parse_argv(argv.iter().map(OsString::from).collect()).expect("argv parses");
+        let env: Env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::resolve(&cli.args, &env)
+    }
+
+    #[test]
+    fn flag_wins_over_env() {
+        let (c, _) = resolve(
+            &["w", "--token", "obs1.flag.sig", "--", "srv"],
+            &[(ENV_TOKEN, "obs1.env.sig"), (ENV_ACTOR, "agent-7")],
+        )
+        .expect("ok");
+        assert_eq!(c.token.expect("token").key_id(), "flag");
+        assert_eq!(c.actor, "agent-7");
+    }
+
+    #[test]
+    fn env_is_used_when_flag_absent() {
+        let (c, w) = resolve(&["w", "--", "srv"], &[(ENV_TOKEN, "obs1.env.sig")]).expect("ok");
+        assert_eq!(c.actor, "mcp:env");
+        assert_eq!(c.ingest, IngestTarget::Http(DEFAULT_INGEST.into()));
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn malformed_token_fails_open_with_one_warning() {
+        let (c, w) = resolve(&["w", "--token", "nope", "--", "srv"], &[]).expect("still runs");
+        assert!(c.token.is_none());
+        assert_eq!(c.ingest, IngestTarget::Off);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].to_string().contains("--token"));
+        assert!(!w[0].to_string().contains("nope"), "never echo a token");
+    }
+
+    #[test]
+    fn file_ingest_needs_no_token() {
+        let (c, w) =
+            resolve(&["w", "--ingest", "file:/tmp/x.jsonl", "--", "srv"], &[]).expect("ok");
+        assert_eq!(c.ingest, IngestTarget::File(PathBuf::from("/tmp/x.jsonl")));
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn missing_command_is_an_error() {
+        assert_eq!(
+            resolve(&["w"], &[]).err(),
+            Some(ConfigError::MissingCommand)
+        );
+    }
+
+    #[test]
+    fn http_mode_needs_upstream() {
+        assert_eq!(
+            resolve(&["w", "--http"], &[]).err(),
+            Some(ConfigError::MissingUpstream)
+        );
+        let (c, _) = resolve(
+            &["w"],
+            &[(ENV_HTTP, "1"), (ENV_UPSTREAM, "http://127.0.0.1:9/mcp")],
+        )
+        .expect("ok");
+        assert_eq!(
+            c.mode,
+            Mode::Http {
+                upstream: "http://127.0.0.1:9/mcp".into(),
+                port: 0
+            }
+        );
+    }
+
+    #[test]
+    fn capture_from_env_list_and_bad_numbers_warn() {
+        let (c, w) = resolve(
+            &["w", "--", "s"],
+            &[
+                (ENV_CAPTURE, "sku, qty,,"),
+                (ENV_FLUSH_MS, "soon"),
+                (ENV_TOKEN, "obs1.k.s"),
+            ],
+        )
+        .expect("ok");
+        assert_eq!(c.capture, vec!["sku".to_string(), "qty".to_string()]);
+        assert_eq!(c.flush, DEFAULT_FLUSH);
+        assert_eq!(w.len(), 1);
+    }
+
+    #[test]
+    fn kill_switch_is_read_from_env() {
+        let (c, w) = resolve(&["w", "--", "s"], &[(ENV_DISABLED, "1")]).expect("ok");
+        assert!(c.disabled);
+        assert!(w.is_empty(), "no token warning when disabled: {w:?}");
+    }
+}

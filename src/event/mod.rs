@@ -1,0 +1,167 @@
+//! The action-grade event (envelope v2, DESIGN §4): metadata only.
+//!
+//! Owns the [`Event`] type, the batch type, and (in submodules) the privacy layers and the L3
+//! schema filter that both the sensor and the ingest run. Goes in: facts the observer measured.
+//! Comes out: a struct whose every field is metadata. It must never hold request or response
+//! contents: the only argument values it can carry are in `rec.fields`, and those only after
+//! [`privacy`] has passed them.
+
+pub mod filter;
+pub mod privacy;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use filter::{validate_and_filter_event, FilterError, EVENT_SCHEMA_VERSION};
+
+/// Most events in one batch (DESIGN §4).
+pub const MAX_BATCH_EVENTS: usize = 500;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventClass {
+    Action,
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rec {
+    /// Always `"mcp"`.
+    pub rail: String,
+    /// The tool name.
+    pub action: String,
+    /// Short hash of the `tools/list` catalog the call was made against; null until one was seen.
+    #[serde(rename = "registryVersion")]
+    pub registry_version: Option<String>,
+    /// Captured argument values: allow-listed keys, scalars only, after L2 and L4.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fields: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Dest {
+    /// `mcp://<serverName>` (stdio) or the upstream's `host[:port]` (HTTP).
+    pub host: String,
+    #[serde(rename = "pathTemplate")]
+    pub path_template: String,
+    pub method: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Actor {
+    pub id: String,
+    pub kind: String,
+    pub grade: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ByteSizes {
+    pub req: u64,
+    pub resp: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    /// Random per wrapper process (stdio), or a hash of `Mcp-Session-Id` (HTTP; never the raw value).
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ErrKind {
+    Jsonrpc,
+    Tool,
+    Timeout,
+    Cancelled,
+    Transport,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventErr {
+    pub kind: ErrKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<i64>,
+}
+
+/// One `tools/call`, as evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub v: u32,
+    /// 128-bit random, hex; the ingest de-duplicates on it.
+    pub id: String,
+    /// RFC 3339 UTC with milliseconds, when the request was seen.
+    pub ts: String,
+    pub class: EventClass,
+    pub rec: Rec,
+    pub dest: Dest,
+    pub actor: Actor,
+    #[serde(rename = "onBehalfOf", skip_serializing_if = "Option::is_none")]
+    pub on_behalf_of: Option<String>,
+    pub status: u16,
+    pub dur_ms: f64,
+    pub bytes: ByteSizes,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<Session>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub err: Option<EventErr>,
+}
+
+/// `sensor` block of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SensorInfo {
+    pub version: String,
+    /// `"stdio"` or `"http"`.
+    pub transport: String,
+}
+
+/// What is POSTed to `<ingest>/v1/events` (and appended to a `file:` sink).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    pub v: u32,
+    pub sensor: SensorInfo,
+    /// Events this sensor could not deliver since its last successful batch.
+    pub dropped: u64,
+    /// Already filtered by [`validate_and_filter_event`].
+    pub events: Vec<Value>,
+}
+
+/// Where the observer puts finished events. The reporter's queue implements it; tests use a Vec.
+pub trait EventSink: Send {
+    fn emit(&mut self, event: Event);
+}
+
+impl EventSink for Vec<Event> {
+    fn emit(&mut self, event: Event) {
+        self.push(event);
+    }
+}
+
+/// A fresh 128-bit random event id, lower-case hex.
+pub fn new_event_id() -> String {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut b = [0u8; 16];
+    // SystemRandom only fails if the OS RNG is unavailable; fall back to time-derived bytes
+    // rather than panicking on the data path (the id then stays unique in practice).
+    if SystemRandom::new().fill(&mut b).is_err() {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        b = n.to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// RFC 3339 UTC with milliseconds, e.g. `2026-11-29T19:13:27.123Z`.
+pub fn rfc3339_ms(t: std::time::SystemTime) -> String {
+    let dt = time::OffsetDateTime::from(t);
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    dt.format(&fmt)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00.000Z".to_string())
+}

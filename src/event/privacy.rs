@@ -1,0 +1,3 @@
+//! L2 (PII denylist) and L4 (value scrubber), and the capture allow-set (DESIGN §5).
+//!
+//! NOT YET BUILT (issue 3).

@@ -1,0 +1,3 @@
+//! The reference ingest (DESIGN §6, §7): its own binary, `bounded-ingest`.
+//!
+//! NOT YET BUILT (issue 5).

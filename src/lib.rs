@@ -1,0 +1,165 @@
+//! bounded-observe-mcp: a metadata-only telemetry sensor for MCP servers.
+//!
+//! The crate reads top to bottom as the journey of one message:
+//!
+//! * [`cli`] → [`config`]: argv and an environment map become a validated [`config::Config`].
+//! * [`proxy::stdio`] / [`proxy::http`]: forward every byte unchanged (the relay) and hand a
+//!   cheap copy of it to the [`tap`], never waiting on it.
+//! * [`observe`]: splits the copies into frames, peeks at the JSON-RPC fields it needs,
+//!   correlates requests with responses per (stream, direction, id) and builds one
+//!   [`event::Event`] per `tools/call`.
+//! * [`event`]: the envelope v2, the privacy layers and `validate_and_filter_event` (L3), shared
+//!   with the ingest.
+//! * [`report`]: batches filtered events and posts them fire-and-forget, counting what it drops.
+//! * [`ingest`]: the reference ingest (`bounded-ingest`), apart from the sensor's data path.
+//!
+//! [`run_mcp_observe`] is the whole sensor behind one call, for `main` and for a parent CLI.
+
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+pub mod cli;
+pub mod config;
+pub mod event;
+pub mod ingest;
+pub mod log;
+pub mod observe;
+pub mod proxy;
+pub mod report;
+pub mod tap;
+pub mod token;
+
+use std::ffi::OsString;
+use std::time::Instant;
+
+pub use config::Env;
+
+/// Exit code for a usage error (unknown flag, missing server command).
+pub const EXIT_USAGE: i32 = 2;
+
+/// Runs the sensor: parses `argv` (program name first; a leading `observe mcp` is tolerated),
+/// reads configuration from `env` (never from the process), runs the wrapped server to the end
+/// and returns the exit code to use — the server's own.
+pub fn run_mcp_observe<I, T>(argv: I, env: Env) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+    let cli = match cli::parse_argv(argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help/--version go to stdout as every CLI does; usage errors to stderr. No child
+            // exists yet, so stdout is not the server's here.
+            let _ = e.print();
+            return if e.use_stderr() { EXIT_USAGE } else { 0 };
+        }
+    };
+    let (cfg, warnings) = match config::Config::resolve(&cli.args, &env) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("{} error: {e}", log::PREFIX);
+            return EXIT_USAGE;
+        }
+    };
+
+    if cfg.disabled {
+        return match &cfg.mode {
+            config::Mode::Stdio { program, args } => proxy::stdio::exec_passthrough(program, args),
+            config::Mode::Http { .. } => proxy::http::run(&cfg),
+        };
+    }
+
+    log::init(cfg.debug);
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+
+    match &cfg.mode {
+        config::Mode::Http { .. } => proxy::http::run(&cfg),
+        config::Mode::Stdio { .. } => run_stdio(&cfg),
+    }
+}
+
+fn observer_config(cfg: &config::Config, transport: observe::Transport) -> observe::ObserverConfig {
+    observe::ObserverConfig {
+        transport,
+        server_name: cfg.server_name.clone(),
+        actor: cfg.actor.clone(),
+        on_behalf_of: cfg.on_behalf_of.clone(),
+        capture: cfg.capture.clone(),
+        call_timeout: cfg.call_timeout,
+    }
+}
+
+fn report_config(cfg: &config::Config, transport: &'static str) -> report::ReportConfig {
+    report::ReportConfig {
+        target: cfg.ingest.clone(),
+        token: cfg.token.clone(),
+        flush: cfg.flush,
+        shutdown_flush: cfg.shutdown_flush,
+        transport,
+        debug: cfg.debug,
+    }
+}
+
+fn run_stdio(cfg: &config::Config) -> i32 {
+    let config::Mode::Stdio { program, args } = &cfg.mode else {
+        return EXIT_USAGE;
+    };
+    // One worker: parsing, correlation and reporting are light, and the relay does not run here.
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("observe-mcp")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            // Fail open: without a runtime we can still relay, unobserved.
+            tracing::warn!("Cannot start the observer ({e}); running the server unobserved");
+            return proxy::stdio::StdioProxy::new(program.clone(), args.clone()).run(None, None);
+        }
+    };
+    let (queue, reporter) = {
+        let _guard = rt.enter();
+        report::start(report_config(cfg, "stdio"))
+    };
+    let (c2s, s2c, rx, tap_stats) = tap::tap(tap::TAP_CAPACITY);
+    let observer = observe::Observer::new(observer_config(cfg, observe::Transport::Stdio), queue);
+    let observing = rt.spawn(observe::run_tap_observer(rx, observer));
+
+    let proxy = proxy::stdio::StdioProxy::new(program.clone(), args.clone());
+    let outcome = proxy.run_observed(c2s, s2c, rt.handle().clone());
+
+    let cause = outcome.end_cause;
+    let stats = rt.block_on(async move {
+        let observer = observing.await.ok()?;
+        let (stats, queue) = observer.finish(Instant::now(), cause);
+        drop(queue);
+        Some(stats)
+    });
+    let report_stats = rt.block_on(reporter.shutdown());
+    if cfg.debug {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(s) = &stats {
+            tracing::debug!(
+                frames_c2s = s.frames[0],
+                frames_s2c = s.frames[1],
+                bytes_c2s = s.bytes[0],
+                bytes_s2c = s.bytes[1],
+                events = s.events,
+                "Observer totals"
+            );
+        }
+        tracing::debug!(
+            tap_dropped_chunks_c2s = tap_stats.dropped_chunks[0].load(Relaxed),
+            tap_dropped_chunks_s2c = tap_stats.dropped_chunks[1].load(Relaxed),
+            delivered = report_stats.delivered,
+            dropped = report_stats.dropped,
+            batches = report_stats.batches,
+            "Reporter totals"
+        );
+    }
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    outcome.exit_code
+}

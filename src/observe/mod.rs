@@ -1,0 +1,103 @@
+//! The observer: turns forwarded JSON-RPC traffic into one [`Event`] per `tools/call`.
+//!
+//! NOT YET BUILT (issue 3). The interface below is the contract the proxies call.
+
+use std::time::{Duration, Instant};
+
+use crate::event::{Event, EventSink};
+use crate::tap::{Direction, TapReceiver};
+
+/// Identifies one ordered byte stream whose messages correlate together. Stdio has one (0);
+/// HTTP gives each POST exchange and each GET stream its own, plus a session key so that
+/// responses on a GET stream can still find requests POSTed earlier in the same session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u64);
+
+/// How a transport reaches the server: decides `dest.host` and `sensor.transport`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    Stdio,
+    /// `host[:port]` of the upstream.
+    Http {
+        host: String,
+    },
+}
+
+/// What the observer needs to know from the configuration.
+#[derive(Debug, Clone)]
+pub struct ObserverConfig {
+    pub transport: Transport,
+    /// `--name`; overrides `serverInfo.name`.
+    pub server_name: Option<String>,
+    pub actor: String,
+    pub on_behalf_of: Option<String>,
+    /// Extra allow-listed argument keys (`--capture`).
+    pub capture: Vec<String>,
+    pub call_timeout: Duration,
+}
+
+/// Why in-flight calls end without an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndCause {
+    /// The server went away (child exited, upstream unreachable): 502 `transport`.
+    Transport,
+    /// The session ended normally with the call unanswered: 504 `timeout`.
+    SessionEnd,
+}
+
+/// Counters printed at exit with `--debug`.
+#[derive(Debug, Clone, Default)]
+pub struct ObserverStats {
+    pub frames: [u64; 2],
+    pub bytes: [u64; 2],
+    pub events: u64,
+}
+
+pub struct Observer<S: EventSink> {
+    #[allow(dead_code)]
+    cfg: ObserverConfig,
+    #[allow(dead_code)]
+    sink: S,
+    stats: ObserverStats,
+}
+
+impl<S: EventSink> Observer<S> {
+    pub fn new(cfg: ObserverConfig, sink: S) -> Self {
+        Observer {
+            cfg,
+            sink,
+            stats: ObserverStats::default(),
+        }
+    }
+
+    /// One complete frame (one JSON-RPC message or batch, without its newline).
+    pub fn on_frame(&mut self, _stream: StreamId, dir: Direction, _seen: Instant, frame: &[u8]) {
+        self.stats.frames[dir.index()] += 1;
+        self.stats.bytes[dir.index()] += frame.len() as u64;
+    }
+
+    /// Expires calls older than the call timeout (504).
+    pub fn on_tick(&mut self, _now: Instant) {}
+
+    /// Ends every call still in flight with `cause`, returns the counters.
+    pub fn finish(self, _now: Instant, _cause: EndCause) -> (ObserverStats, S) {
+        (self.stats, self.sink)
+    }
+}
+
+/// Drives an observer from the stdio tap until both directions close, then returns it
+/// (the caller decides the [`EndCause`] for calls still in flight).
+pub async fn run_tap_observer<S: EventSink>(
+    mut rx: TapReceiver,
+    mut observer: Observer<S>,
+) -> Observer<S> {
+    while let Some(msg) = rx.recv().await {
+        if let crate::tap::TapMsg::Chunk(c) = msg {
+            observer.on_frame(StreamId(0), c.dir, c.seen, &c.bytes);
+        }
+    }
+    observer
+}
+
+#[allow(dead_code)]
+fn _assert_event_is_used(_e: Event) {}
