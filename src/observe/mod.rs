@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use crate::event::{Event, EventSink};
 use crate::tap::{Direction, TapReceiver};
 
-/// Identifies one ordered byte stream whose messages correlate together. Stdio has one (0);
-/// HTTP gives each POST exchange and each GET stream its own, plus a session key so that
-/// responses on a GET stream can still find requests POSTed earlier in the same session.
+/// A correlation scope: messages whose ids are matched together (keyed by scope, direction, id).
+/// Stdio has one scope (0). HTTP: one per `Mcp-Session-Id` (all POSTs and the GET stream of that
+/// session share it), or one per POST exchange when there is no session (2026-07-28, stateless).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamId(pub u64);
 
@@ -75,6 +75,25 @@ impl<S: EventSink> Observer<S> {
         self.stats.frames[dir.index()] += 1;
         self.stats.bytes[dir.index()] += frame.len() as u64;
     }
+
+    /// HTTP: the upstream answered the POST carrying `request_body` with a non-2xx status, or
+    /// could not be reached (the proxy passes 502): every `tools/call` request in that body that
+    /// has no response yet ends with `status`.
+    pub fn on_http_failure(
+        &mut self,
+        _scope: StreamId,
+        _request_body: &[u8],
+        _status: u16,
+        _seen: Instant,
+    ) {
+    }
+
+    /// HTTP: events in `scope` carry `session.id = session_hash` (a hash, never the raw id).
+    pub fn set_scope_session(&mut self, _scope: StreamId, _session_hash: String) {}
+
+    /// HTTP: the scope is over (DELETE, session gone, or a stateless POST finished, or the
+    /// client disconnected): calls still in flight in it end with `cause`.
+    pub fn end_scope(&mut self, _scope: StreamId, _seen: Instant, _cause: EndCause) {}
 
     /// Expires calls older than the call timeout (504).
     pub fn on_tick(&mut self, _now: Instant) {}
