@@ -217,6 +217,31 @@ fn last_one_mb_response_before_server_exit_arrives_whole() {
 }
 
 #[test]
+fn final_response_survives_a_client_that_reads_late() {
+    // The client reads nothing until well after the server has exited, so most of the response
+    // sits in pipes when the child is gone: only a wrapper that drains to EOF delivers it. (The
+    // pause provokes the race; nothing here depends on how long anything takes.)
+    // Less than the pipes and the relay buffer hold (3 × 64 KiB), so the server can finish.
+    const SIZE: usize = 100_000;
+    for round in 0..3 {
+        let mut child = wrap_fixture(&[], &["final-response", &SIZE.to_string()])
+            .spawn()
+            .expect("spawn");
+        let err = drain_stderr(child.stderr.take().expect("stderr"));
+        let mut stdout = child.stdout.take().expect("stdout");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"{\"id\":1}\n").expect("request");
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let mut got = Vec::new();
+        stdout.read_to_end(&mut got).expect("read");
+        let status = wait_for(&mut child, WAIT);
+        drop(stdin);
+        assert_eq!(status.code(), Some(0), "stderr: {}", err.text());
+        assert_eq!(got.len(), SIZE, "round {round}: response truncated");
+    }
+}
+
+#[test]
 fn end_cause_distinguishes_server_exit_from_client_close() {
     // Child exits while the client is still connected: the transport failed.
     let r = run_with(
