@@ -155,6 +155,14 @@ impl ChildGroup {
         killpg(self.pgid, sig).is_ok()
     }
 
+    /// Whether the child was reaped (after which no signal is ever sent to the group).
+    pub fn is_reaped(&self) -> bool {
+        match self.child.lock() {
+            Ok(g) => g.is_none(),
+            Err(poisoned) => poisoned.into_inner().is_none(),
+        }
+    }
+
     /// Blocks until the child has exited, WITHOUT reaping it (WNOWAIT), so its pid stays
     /// reserved for group signals. Meant for a dedicated waiter thread.
     pub fn wait_exited(&self) {
