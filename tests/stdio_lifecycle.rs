@@ -95,6 +95,40 @@ fn signals_to_the_wrapper_are_forwarded_to_the_child() {
 }
 
 #[test]
+fn ignored_sighup_stays_ignored_for_wrapper_and_server() {
+    // Under `nohup` SIGHUP is ignored: the wrapper must neither catch it nor forward it, and
+    // the server inherits "ignored" as it would unwrapped.
+    let fx = fixture();
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg("trap '' HUP; exec \"$0\" -- \"$1\" pids")
+        .arg(wrapper_bin())
+        .arg(&fx);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("BOUNDED_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    let err = drain_stderr(child.stderr.take().expect("stderr"));
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let line = read_line(&mut out);
+    assert_eq!(field(&line, "ppid"), child.id(), "sh exec'd the wrapper");
+    signal(child.id(), Signal::SIGHUP);
+    // Give a wrongly forwarded SIGHUP time to land before checking both are still alive.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"still here\n").expect("write");
+    assert_eq!(read_line(&mut out), "still here\n");
+    drop(stdin);
+    let status = wait_for(&mut child, WAIT);
+    assert_eq!(status.code(), Some(0), "stderr: {}", err.text());
+}
+
+#[test]
 fn sigterm_to_wrapper_ends_a_default_child_with_143() {
     let mut child = wrap_fixture(&[], &["pids"]).spawn().expect("spawn");
     let err = drain_stderr(child.stderr.take().expect("stderr"));

@@ -140,7 +140,13 @@ impl StdioProxy {
 
         // Registered before the child exists, so a signal arriving during spawn is queued and
         // forwarded once the forwarder runs instead of killing the wrapper.
-        let signals = match Signals::new(FORWARDED_SIGNALS) {
+        // A signal our parent set to "ignore" (nohup, a background job) stays ignored, for us and
+        // for the server that inherits the disposition through exec, exactly as unwrapped.
+        let forwarded: Vec<libc::c_int> = FORWARDED_SIGNALS
+            .into_iter()
+            .filter(|&sig| !child::is_ignored(sig))
+            .collect();
+        let signals = match Signals::new(forwarded) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(
