@@ -65,10 +65,16 @@ fn wrapper_command(server: &[&std::ffi::OsStr], ingest: &Path) -> tokio::process
 }
 
 fn echo_server() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
+    let path = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
         .parent()
         .expect("target dir")
-        .join("examples/rmcp_echo_server")
+        .join("examples/rmcp_echo_server");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo test` (which builds examples) or `cargo build --examples` first",
+        path.display()
+    );
+    path
 }
 
 async fn connect(

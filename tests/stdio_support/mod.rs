@@ -17,12 +17,20 @@ pub fn wrapper_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
 }
 
+/// A fixture program from `examples/`. Plain `cargo test` builds example binaries;
+/// `cargo test --all-targets` alone builds them only as test harnesses, hence the message.
 pub fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
+    let path = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
         .parent()
         .expect("target dir")
         .join("examples")
-        .join(name)
+        .join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo test` (which builds examples) or `cargo build --examples` first",
+        path.display()
+    );
+    path
 }
 
 pub fn fixture() -> PathBuf {
