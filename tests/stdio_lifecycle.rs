@@ -316,6 +316,47 @@ fn client_gone_epipe_shuts_the_child_down_without_a_crash() {
 }
 
 #[test]
+fn server_closing_its_stdin_does_not_block_the_client() {
+    // The server stops reading (closes stdin) but keeps running. The client's writes must not
+    // pile up behind a pipe nobody drains: a single-threaded client blocked on a write could
+    // never read the server's answers.
+    let mut child = wrap_fixture(&[], &["close-stdin"]).spawn().expect("spawn");
+    let err = drain_stderr(child.stderr.take().expect("stderr"));
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    assert_eq!(read_line(&mut out), "closed\n");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer = std::thread::spawn(move || {
+        // Far more than the pipes between client and server can hold.
+        let chunk = vec![b'z'; 64 * 1024];
+        let result = (0..64).try_for_each(|_| stdin.write_all(&chunk));
+        let _ = done_tx.send(result.map_err(|e| e.to_string()));
+        stdin
+    });
+    let result = done_rx.recv_timeout(WAIT);
+    if result.is_err() {
+        let _ = child.kill();
+    }
+    // Every write accepted: not blocked, and not refused (EPIPE) by a wrapper that gave up.
+    assert_eq!(
+        result,
+        Ok(Ok(())),
+        "client writes after the server closed its stdin"
+    );
+    // The writes went through because the wrapper drains, not because it gave up: the session
+    // (and the server) are still alive while the client is connected.
+    let early_exit = child.try_wait().expect("try_wait");
+    assert!(
+        early_exit.is_none(),
+        "wrapper ended the session early: {early_exit:?}"
+    );
+    drop(writer.join().expect("writer"));
+    let status = wait_for(&mut child, WAIT);
+    // Client EOF, grace, SIGTERM: the server that ignored everything dies of it.
+    assert_eq!(status.code(), Some(143), "stderr: {}", err.text());
+}
+
+#[test]
 fn wrapper_sigkilled_leaves_no_child_behind() {
     // The wrapper cannot clean up after SIGKILL: the child's PR_SET_PDEATHSIG kills it, and the
     // grandchild (which reads stdin, like a server started by npx) sees stdin EOF and exits.
