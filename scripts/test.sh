@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/test-deps.sh
+# Integration tests run the fixture programs in examples/; `--all-targets` builds examples as
+# test harnesses, not as the runnable programs the tests spawn.
+cargo build --examples
 cargo test --all-targets "$@"
