@@ -78,6 +78,9 @@ pub(crate) struct Batcher {
 }
 
 /// What woke the main loop.
+// One value at a time, on the stack, moved straight into the batch: boxing the event would
+// cost an allocation per event to save nothing.
+#[allow(clippy::large_enum_variant)]
 enum Wake {
     Event(Event),
     Closed,
@@ -178,6 +181,11 @@ impl Batcher {
     /// Takes the current batch and delivers it (or counts it, when reporting is off or the key
     /// was revoked).
     async fn flush(&mut self) {
+        self.flush_inner().await;
+        self.publish();
+    }
+
+    async fn flush_inner(&mut self) {
         self.take_queue_drops();
         if self.buf.is_empty() {
             return;
@@ -232,7 +240,6 @@ impl Batcher {
             }
             other => self.lose(n, Some(other)),
         }
-        self.publish();
     }
 
     /// One delivery: an attempt, one jittered retry if [`is_retriable`] says so, all of it

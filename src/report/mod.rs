@@ -157,6 +157,15 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
 }
 
 impl ReporterHandle {
+    /// The totals so far, as of the last batch the batcher finished (for `--debug` and tests).
+    pub fn snapshot(&self) -> ReportStats {
+        let mut s = self.published.lock().map(|s| s.clone()).unwrap_or_default();
+        let q = self.queue_dropped.load(Ordering::Relaxed);
+        s.queue_full += q;
+        s.dropped += q;
+        s
+    }
+
     /// Flushes what is queued within the shutdown deadline and stops. Returns promptly (by the
     /// deadline) however dead the ingest is.
     pub async fn shutdown(mut self) -> ReportStats {
