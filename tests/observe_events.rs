@@ -156,6 +156,11 @@ impl Session {
     /// Closes the client side and waits for the wrapper to exit (killing it after [`WAIT`]).
     fn end(mut self) -> Ended {
         drop(self.stdin.take());
+        self.wait_exit()
+    }
+
+    /// Waits for the wrapper to exit on its own, client side still open.
+    fn wait_exit(mut self) -> Ended {
         let start = Instant::now();
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("try_wait") {
@@ -532,4 +537,19 @@ fn server_name_flag_overrides_server_info() {
     let end = s.end();
     assert_eq!(end.events.len(), 1);
     assert_eq!(end.events[0]["dest"]["host"], "mcp://billing");
+}
+
+#[test]
+fn server_exiting_mid_call_is_502_and_the_exit_code_propagates() {
+    let mut s = Session::start("era2026_server", &[], &[]);
+    let (_, d) = s.request(json!(1), "server/discover", json!({}));
+    assert_eq!(d["result"]["serverInfo"]["name"], "era2026");
+    s.send(json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+                  "params":{"name":"crash","arguments":{}}}));
+    let end = s.wait_exit();
+    assert_eq!(end.status.code(), Some(3), "stderr: {}", end.stderr);
+    assert_eq!(end.events.len(), 1, "{:?}", end.events);
+    assert_eq!(end.events[0]["rec"]["action"], "crash");
+    assert_eq!(end.events[0]["status"], 502);
+    assert_eq!(end.events[0]["err"], json!({"kind": "transport"}));
 }

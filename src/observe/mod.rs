@@ -885,13 +885,6 @@ impl<S: EventSink> Observer<S> {
         self.stats.events += 1;
         self.sink.emit(event);
     }
-
-    fn on_split(&mut self, stream: StreamId, dir: Direction, seen: Instant, s: Split<'_>) {
-        match s {
-            Split::Frame(f) => self.on_frame(stream, dir, seen, f),
-            Split::Oversize(n) => self.on_oversize_frame(dir, n),
-        }
-    }
 }
 
 /// The wall-clock time of a monotonic instant in the recent past.
@@ -902,20 +895,97 @@ fn wall_clock(seen: Instant) -> SystemTime {
         .unwrap_or_else(SystemTime::now)
 }
 
+/// How long a frame waits for the other direction before it is observed. Each relay thread
+/// hands its bytes to the tap *after* forwarding them, so a request can reach the channel after
+/// the response it caused (or a 2026-07-28 retry before the `input_required` it answers) when a
+/// thread is preempted between its write and its hand-off. Frames are observed in the order of
+/// their relay timestamps: a frame is released once the other direction has shown a later one,
+/// or after this hold. It delays observation, never the relay.
+pub const REORDER_HOLD: Duration = Duration::from_millis(25);
+
+/// A frame waiting in the reorder window.
+struct Held {
+    seen: Instant,
+    frame: HeldFrame,
+}
+
+enum HeldFrame {
+    Bytes(bytes::Bytes),
+    Oversize(u64),
+}
+
+/// Two per-direction queues merged by relay timestamp (see [`REORDER_HOLD`]).
+#[derive(Default)]
+struct Reorder {
+    queues: [std::collections::VecDeque<Held>; 2],
+    closed: [bool; 2],
+}
+
+impl Reorder {
+    fn push(&mut self, dir: Direction, seen: Instant, s: Split<'_>) {
+        let frame = match s {
+            Split::Frame(f) => HeldFrame::Bytes(bytes::Bytes::copy_from_slice(f)),
+            Split::Oversize(n) => HeldFrame::Oversize(n),
+        };
+        self.queues[dir.index()].push_back(Held { seen, frame });
+    }
+
+    /// Observes every frame that can no longer be overtaken; `drain` observes all.
+    fn release<S: EventSink>(&mut self, obs: &mut Observer<S>, now: Instant, drain: bool) {
+        const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+        loop {
+            let heads = [
+                self.queues[0].front().map(|h| h.seen),
+                self.queues[1].front().map(|h| h.seen),
+            ];
+            let pick = match heads {
+                [Some(a), Some(b)] => Some(if a <= b { 0 } else { 1 }),
+                [Some(a), None] => {
+                    (drain || self.closed[1] || now.saturating_duration_since(a) >= REORDER_HOLD)
+                        .then_some(0)
+                }
+                [None, Some(b)] => {
+                    (drain || self.closed[0] || now.saturating_duration_since(b) >= REORDER_HOLD)
+                        .then_some(1)
+                }
+                [None, None] => None,
+            };
+            let Some(i) = pick else { return };
+            let Some(h) = self.queues[i].pop_front() else {
+                return;
+            };
+            match h.frame {
+                HeldFrame::Bytes(b) => obs.on_frame(StreamId(0), DIRS[i], h.seen, &b),
+                HeldFrame::Oversize(n) => obs.on_oversize_frame(DIRS[i], n),
+            }
+        }
+    }
+
+    /// When the oldest held frame must be released at the latest.
+    fn deadline(&self) -> Option<Instant> {
+        self.queues
+            .iter()
+            .filter_map(|q| q.front().map(|h| h.seen + REORDER_HOLD))
+            .min()
+    }
+}
+
 /// Drives an observer from the stdio tap until both directions close, then returns it
 /// (the caller decides the [`EndCause`] for calls still in flight). Splits each direction into
-/// frames, stamps each frame with the relay time of the chunk that completed it, and checks
-/// call timeouts every [`TICK`].
+/// frames, stamps each frame with the relay time of the chunk that completed it, observes the
+/// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
+/// timeouts every [`TICK`].
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
 ) -> Observer<S> {
-    let stream = StreamId(0);
     let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
     let mut last_seen: [Option<Instant>; 2] = [None, None];
+    let mut reorder = Reorder::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        let hold = reorder.deadline();
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(TapMsg::Chunk(c)) => {
@@ -924,23 +994,30 @@ pub async fn run_tap_observer<S: EventSink>(
                         observer.on_gap();
                     }
                     last_seen[i] = Some(c.seen);
-                    splitters[i].push(&c.bytes, c.after_gap, |s| {
-                        observer.on_split(stream, c.dir, c.seen, s)
-                    });
+                    splitters[i].push(&c.bytes, c.after_gap, |s| reorder.push(c.dir, c.seen, s));
                 }
                 Some(TapMsg::Closed { dir, seen }) => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
-                    splitters[dir.index()].flush(|s| observer.on_split(stream, dir, at, s));
+                    splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
+                    reorder.closed[dir.index()] = true;
                 }
                 None => break,
             },
+            _ = async {
+                match hold {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
             _ = tick.tick() => observer.on_tick(Instant::now()),
         }
+        reorder.release(&mut observer, Instant::now(), false);
     }
     for dir in [Direction::ClientToServer, Direction::ServerToClient] {
         let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
-        splitters[dir.index()].flush(|s| observer.on_split(stream, dir, at, s));
+        splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
     }
+    reorder.release(&mut observer, Instant::now(), true);
     observer
 }
 

@@ -586,6 +586,36 @@ async fn a_50_mb_result_is_still_correlated() {
     assert_eq!(stats.oversize, 0);
 }
 
+#[tokio::test]
+async fn frames_are_observed_in_relay_time_order_across_directions() {
+    use bytes::Bytes;
+    let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
+    let task = tokio::spawn(run_tap_observer(rx, Observer::new(cfg(), Vec::new())));
+    let t0 = Instant::now();
+    let line = |v: Value| Bytes::from(format!("{v}\n"));
+    c2s.offer(t0, line(call(json!(1), "book", json!({}))));
+    // The retry (read at +10 ms) reaches the tap before the input_required answer it
+    // responds to (read at +5 ms): the s2c relay thread was preempted after its write.
+    c2s.offer(
+        t0 + Duration::from_millis(10),
+        line(json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+            "params":{"name":"book","requestState":"r1","inputResponses":{}}})),
+    );
+    s2c.offer(
+        t0 + Duration::from_millis(5),
+        line(json!({"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","requestState":"r1"}})),
+    );
+    s2c.offer(t0 + Duration::from_millis(20), line(ok(json!(2))));
+    c2s.close(t0 + Duration::from_millis(30));
+    s2c.close(t0 + Duration::from_millis(30));
+    let obs = task.await.expect("task");
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].status, 200);
+    assert!((events[0].dur_ms - 20.0).abs() < 0.001);
+    assert_eq!(stats.orphan_responses, 0);
+}
+
 mod generated {
     use super::*;
     use proptest::prelude::*;
