@@ -553,3 +553,129 @@ fn server_exiting_mid_call_is_502_and_the_exit_code_propagates() {
     assert_eq!(end.events[0]["status"], 502);
     assert_eq!(end.events[0]["err"], json!({"kind": "transport"}));
 }
+
+mod rmcp_client {
+    //! The same wrapper and server, driven by the official Rust SDK's client: its framing, id
+    //! allocation and answers to sampling and elicitation are what a real agent sends.
+    #![allow(deprecated)] // sampling is deprecated in the 2026-07-28 era; this is a 2025 client
+
+    use super::*;
+    use rmcp::model::{
+        CallToolRequestParams, ClientCapabilities, CreateMessageRequestParams, CreateMessageResult,
+        ElicitRequestParams, ElicitResult, ElicitationAction, Implementation,
+        InitializeRequestParams, SamplingMessage,
+    };
+    use rmcp::service::RequestContext;
+    use rmcp::transport::TokioChildProcess;
+    use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+
+    #[derive(Clone)]
+    struct Agent;
+
+    impl ClientHandler for Agent {
+        fn get_info(&self) -> InitializeRequestParams {
+            let caps: ClientCapabilities =
+                serde_json::from_value(json!({"sampling": {}, "elicitation": {}}))
+                    .expect("capabilities");
+            InitializeRequestParams::new(caps, Implementation::new("rmcp-agent", "1.0"))
+        }
+
+        async fn create_message(
+            &self,
+            _params: CreateMessageRequestParams,
+            _context: RequestContext<RoleClient>,
+        ) -> Result<CreateMessageResult, ErrorData> {
+            Ok(CreateMessageResult::new(
+                SamplingMessage::assistant_text("short"),
+                "agent-model".into(),
+            ))
+        }
+
+        async fn create_elicitation(
+            &self,
+            _request: ElicitRequestParams,
+            _context: RequestContext<RoleClient>,
+        ) -> Result<ElicitResult, ErrorData> {
+            Ok(ElicitResult::new(ElicitationAction::Accept).with_content(json!({"confirm": true})))
+        }
+    }
+
+    fn args(v: Value) -> serde_json::Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rmcp_client_session_yields_one_event_per_tools_call() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = dir.path().join("events.jsonl");
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"));
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("BOUNDED_") {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.arg("--ingest")
+            .arg(format!("file:{}", sink.display()))
+            .args(["--flush-ms", "50", "--"])
+            .arg(example("payments_server"));
+        let transport = TokioChildProcess::new(cmd).expect("spawn wrapper");
+        let client = tokio::time::timeout(WAIT, Agent.serve(transport))
+            .await
+            .expect("initialize in time")
+            .expect("initialize");
+        assert_eq!(
+            client
+                .peer_info()
+                .and_then(|i| i.server_info.as_ref().map(|s| s.name.clone())),
+            Some("payments".to_string())
+        );
+        let tools = client.list_all_tools().await.expect("tools/list");
+        assert!(tools.iter().any(|t| t.name == "issue_refund"));
+        let calls = [
+            (
+                "issue_refund",
+                json!({"amount_cents": 4900, "currency": "EUR",
+                       "customer_email": "rmcp.canary@example.com", "reason": "late delivery"}),
+            ),
+            ("void_charge", json!({"charge_id": "ch_2"})),
+            ("confirm_refund", json!({"amount_cents": 100})),
+            ("summarize", json!({"text": "a long text"})),
+        ];
+        for (tool, a) in &calls {
+            let r = tokio::time::timeout(
+                WAIT,
+                client.call_tool(CallToolRequestParams::new(*tool).with_arguments(args(a.clone()))),
+            )
+            .await
+            .expect("answer in time");
+            assert!(r.is_ok(), "{tool}: {r:?}");
+        }
+        let _ = tokio::time::timeout(WAIT, client.cancel()).await;
+        // The wrapper exits after its child; wait for the sink to hold every event.
+        let deadline = Instant::now() + WAIT;
+        let events: Vec<Value> = loop {
+            let file = std::fs::read_to_string(&sink).unwrap_or_default();
+            let events: Vec<Value> = file
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .flat_map(|b| b["events"].as_array().cloned().unwrap_or_default())
+                .collect();
+            if events.len() >= calls.len() || Instant::now() > deadline {
+                assert!(!file.contains("rmcp.canary@example.com"));
+                break events;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(events.len(), calls.len(), "{events:?}");
+        let m = by_action(&events);
+        let refund = one(&m, "issue_refund");
+        assert_eq!(refund["status"], 200);
+        assert_eq!(refund["rec"]["fields"]["amount_cents"], 4900);
+        assert!(refund["rec"]["fields"].get("customer_email").is_none());
+        assert_eq!(refund["session"]["client"], "rmcp-agent");
+        assert!(refund["rec"]["registryVersion"].is_string());
+        assert_eq!(one(&m, "void_charge")["status"], 500);
+        assert_eq!(one(&m, "confirm_refund")["status"], 200);
+        assert_eq!(one(&m, "summarize")["status"], 200);
+    }
+}
