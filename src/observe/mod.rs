@@ -169,9 +169,14 @@ fn opposite(d: Direction) -> Direction {
     }
 }
 
-/// A short single-line string, or nothing.
+/// A short single-line string with nothing the value scrubber would remove, or nothing: what
+/// the builder puts in names, session facts and `onBehalfOf`, so its events pass the L3 filter
+/// unchanged.
 fn clean(s: &str, max: usize) -> Option<String> {
-    let ok = !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control);
+    let ok = !s.is_empty()
+        && s.len() <= max
+        && !s.chars().any(char::is_control)
+        && !crate::event::privacy::contains_sensitive(s);
     ok.then(|| s.to_string())
 }
 
@@ -615,7 +620,12 @@ impl<S: EventSink> Observer<S> {
         let on_behalf_of = meta
             .and_then(|m| lenient_str(&m.on_behalf_of))
             .and_then(|s| clean(s, MAX_INFO_LEN))
-            .or_else(|| self.cfg.on_behalf_of.clone());
+            .or_else(|| {
+                self.cfg
+                    .on_behalf_of
+                    .as_deref()
+                    .and_then(|s| clean(s, MAX_INFO_LEN))
+            });
         let aid = self.next_action;
         self.next_action += 1;
         let action = Action {
