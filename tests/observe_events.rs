@@ -679,3 +679,100 @@ mod rmcp_client {
         assert_eq!(one(&m, "summarize")["status"], 200);
     }
 }
+
+#[test]
+fn bad_input_is_counted_with_at_most_one_warning_each_and_relayed_unchanged() {
+    // The stdio fixture's `cat` mode echoes every line, so each message is seen in both
+    // directions: twice the counts, still one warning per kind.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = dir.path().join("events.jsonl");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("BOUNDED_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let mut child = cmd
+        .arg("--ingest")
+        .arg(format!("file:{}", sink.display()))
+        .arg("--debug")
+        .arg("--")
+        .arg(example("stdio_fixture"))
+        .arg("cat")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut input = Vec::new();
+    for i in 0..3 {
+        input.extend_from_slice(format!("not json {i}\n").as_bytes());
+        input.extend_from_slice(
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":{{\"x\":{i}}},\"method\":\"tools/call\"}}\n")
+                .as_bytes(),
+        );
+        input.extend_from_slice(
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{}}}}\n",
+                900 + i
+            )
+            .as_bytes(),
+        );
+    }
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ping\"}\n");
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ping\"}\n");
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{}}");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = stdout.read_to_end(&mut b);
+        b
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = stderr.read_to_end(&mut b);
+        b
+    });
+    stdin.write_all(&input).expect("write");
+    drop(stdin);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("wrapper did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    assert_eq!(out.join().unwrap_or_default(), input, "relay unchanged");
+    let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
+    for (needle, n) in [
+        ("A frame is not JSON", 1),
+        ("fields of unexpected types", 1),
+        ("matches no pending request", 1),
+        ("reuses the id of a request still pending", 1),
+    ] {
+        assert_eq!(
+            stderr.matches(needle).count(),
+            n,
+            "{needle:?} in stderr:\n{stderr}"
+        );
+    }
+    // Per direction: 3 non-JSON lines, 3 wrong-typed ids; 3 + 1 unknown-id responses seen as
+    // answers to nothing in each direction (the echo of a response is a response too).
+    for want in [
+        "non_json=6",
+        "malformed=6",
+        "orphan_responses=8",
+        "duplicate_ids=2",
+    ] {
+        assert!(stderr.contains(want), "{want} in stderr:\n{stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(&sink).unwrap_or_default(), "");
+}
