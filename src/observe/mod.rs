@@ -29,6 +29,13 @@
 //!   so neither they nor the client's answers to them are ever taken for a tool result.
 //! * Bad input (non-JSON frames, wrong field types, frames over the cap, duplicate ids, responses
 //!   to unknown ids) is counted in [`ObserverStats`] with at most one warning per kind.
+//! * Order: each relay thread hands its bytes to the tap after forwarding them, so the two
+//!   directions can reach the observer slightly out of order. [`run_tap_observer`] merges them by
+//!   relay timestamp within [`REORDER_HOLD`]; a response that still arrives before its request is
+//!   held for [`EARLY_RESPONSE_GRACE`] before it counts as an orphan.
+//! * Memory: one frame per direction up to the cap (64 MiB), a copy of it while it waits in the
+//!   reorder window, at most [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a
+//!   small record; requests other than `tools/call` are forgotten after the call timeout.
 
 pub mod catalog;
 pub mod correlate;
@@ -209,8 +216,13 @@ pub struct Observer<S: EventSink> {
 }
 
 impl<S: EventSink> Observer<S> {
-    pub fn new(cfg: ObserverConfig, sink: S) -> Self {
+    pub fn new(mut cfg: ObserverConfig, sink: S) -> Self {
         let policy = CapturePolicy::new(&cfg.capture);
+        // A `--name` the envelope cannot carry falls back to `serverInfo.name`.
+        cfg.server_name = cfg
+            .server_name
+            .as_deref()
+            .and_then(|n| clean(n, MAX_INFO_LEN));
         Observer {
             cfg,
             sink,
