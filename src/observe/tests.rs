@@ -607,3 +607,42 @@ mod generated {
         }
     }
 }
+
+#[test]
+fn a_response_observed_before_its_request_still_completes_the_call() {
+    let mut t = T::new();
+    // The relay stamped the request at 0 ms and the response at 8 ms, but the response's
+    // direction reached the observer first.
+    t.send(S2C, 8, ok(json!(1)));
+    t.send(C2S, 0, call(json!(1), "a", json!({})));
+    // A list response overtaken by the next call: the call still gets the new version.
+    t.send(
+        C2S,
+        10,
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}),
+    );
+    t.send(C2S, 12, call(json!(3), "b", json!({})));
+    t.send(
+        S2C,
+        11,
+        json!({"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"b"}]}}),
+    );
+    t.send(S2C, 13, ok(json!(3)));
+    // A response that never finds its request is an orphan once the grace has passed.
+    t.send(S2C, 20, ok(json!(99)));
+    t.obs.on_tick(t.at(20) + EARLY_RESPONSE_GRACE / 2);
+    assert_eq!(t.obs.stats().orphan_responses, 0);
+    t.obs
+        .on_tick(t.at(20) + EARLY_RESPONSE_GRACE + Duration::from_millis(1));
+    assert_eq!(t.obs.stats().orphan_responses, 1);
+    let (stats, events) = t.finish(100, EndCause::SessionEnd);
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0].status, 200);
+    assert!(
+        (events[0].dur_ms - 8.0).abs() < 0.001,
+        "{}",
+        events[0].dur_ms
+    );
+    assert!(events[1].rec.registry_version.is_some());
+    assert_eq!(stats.orphan_responses, 1);
+}
