@@ -319,3 +319,51 @@ async fn each_kind_of_delivery_failure_reaches_stderr_once_then_a_summary() {
         "the token is never logged"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_shows_per_batch_detail_and_a_quiet_run_prints_nothing_without_it() {
+    let ingest = TestIngest::start().await;
+    let base = ingest.base();
+    let quiet = tokio::task::spawn_blocking(move || {
+        run_session(&["--token", TOKEN, "--ingest", &base], 3, Duration::ZERO)
+    })
+    .await
+    .expect("session");
+    assert_eq!(quiet.status.code(), Some(0));
+    assert!(
+        !quiet.stderr.contains("Batch") && !quiet.stderr.contains("Reporter summary"),
+        "a healthy run is quiet: {}",
+        quiet.stderr
+    );
+
+    let base = ingest.base();
+    let loud = tokio::task::spawn_blocking(move || {
+        run_session(
+            &["--token", TOKEN, "--ingest", &base, "--debug"],
+            3,
+            Duration::ZERO,
+        )
+    })
+    .await
+    .expect("session");
+    assert_eq!(loud.status.code(), Some(0));
+    let batch_lines: Vec<&str> = loud
+        .stderr
+        .lines()
+        .filter(|l| l.contains("Batch") && l.contains("events="))
+        .collect();
+    assert!(!batch_lines.is_empty(), "stderr: {}", loud.stderr);
+    assert!(
+        batch_lines.iter().all(|l| l.contains("Delivered")),
+        "{batch_lines:?}"
+    );
+    assert!(
+        !loud.stderr.contains("c2lnbmF0dXJl"),
+        "the token is never logged"
+    );
+    assert!(
+        !loud.stderr.contains("pipeline.canary"),
+        "no argument value is logged"
+    );
+    assert_eq!(ingest.accepted().len(), 2, "one batch per session");
+}
