@@ -106,13 +106,45 @@ impl<S: EventSink> Observer<S> {
 
 /// Drives an observer from the stdio tap until both directions close, then returns it
 /// (the caller decides the [`EndCause`] for calls still in flight).
+///
+/// Splits each direction's chunks into `\n`-terminated frames; a last frame without a newline
+/// is delivered when its direction closes; after a tap gap the partial frame is discarded so
+/// halves of different messages are never glued together.
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
 ) -> Observer<S> {
+    let mut partial: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
     while let Some(msg) = rx.recv().await {
-        if let crate::tap::TapMsg::Chunk(c) = msg {
-            observer.on_frame(StreamId(0), c.dir, c.seen, &c.bytes);
+        match msg {
+            crate::tap::TapMsg::Chunk(c) => {
+                let buf = &mut partial[c.dir.index()];
+                if c.after_gap {
+                    buf.clear();
+                }
+                let mut rest = &c.bytes[..];
+                while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+                    if buf.is_empty() {
+                        observer.on_frame(StreamId(0), c.dir, c.seen, &rest[..nl]);
+                    } else {
+                        buf.extend_from_slice(&rest[..nl]);
+                        observer.on_frame(StreamId(0), c.dir, c.seen, buf);
+                        buf.clear();
+                    }
+                    rest = &rest[nl + 1..];
+                }
+                buf.extend_from_slice(rest);
+                // Release a buffer grown by one huge frame (DESIGN §9, unbounded frames).
+                if buf.is_empty() && buf.capacity() > crate::proxy::stdio::READ_BUF {
+                    *buf = Vec::new();
+                }
+            }
+            crate::tap::TapMsg::Closed { dir, seen } => {
+                let buf = std::mem::take(&mut partial[dir.index()]);
+                if !buf.is_empty() {
+                    observer.on_frame(StreamId(0), dir, seen, &buf);
+                }
+            }
         }
     }
     observer
