@@ -150,6 +150,12 @@ fn run_stdio(cfg: &config::Config) -> i32 {
                 bytes_c2s = s.bytes[0],
                 bytes_s2c = s.bytes[1],
                 events = s.events,
+                non_json = s.non_json,
+                malformed = s.malformed,
+                oversize = s.oversize,
+                duplicate_ids = s.duplicate_ids,
+                orphan_responses = s.orphan_responses,
+                gaps = s.gaps,
                 "Observer totals"
             );
         }
