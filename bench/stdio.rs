@@ -121,11 +121,17 @@ pub struct Record {
     /// VmHWM after the 5 MB workload, KiB.
     pub rss_big_kib: Option<f64>,
     /// CPU of the target's top process per call, µs, by thread name.
+    /// Measured calls only (warm-up, handshake and start-up excluded).
     pub cpu_seq_us: BTreeMap<String, f64>,
     pub cpu_pipe_us: BTreeMap<String, f64>,
+    /// CPU of the target's top process per MB relayed in the 5 MB workload, µs, by thread name.
+    pub cpu_bw_us_per_mb: BTreeMap<String, f64>,
+    /// Slowest sequential call, µs.
+    pub seq_max_us: Option<f64>,
     pub calls: u64,
-    /// Events the file sink or the healthy ingest received (None where nothing is counted).
-    pub events_seen: Option<u64>,
+    /// Per workload: (events the file sink or the healthy ingest received, tools/call made,
+    /// events with a status other than 200 — every mock call succeeds).
+    pub events: BTreeMap<String, (u64, u64, u64)>,
     pub ingest_requests: Option<u64>,
     pub ingest_connections: Option<u64>,
 }
@@ -320,6 +326,14 @@ fn phase_main(args: &[String]) -> i32 {
         black_hole: black_hole.as_ref().map(|h| h.addr),
         serial: 0,
     };
+    let tmp_path = tmp.path().to_path_buf();
+    let _tmp = if std::env::var_os(ENV_KEEP_TMP).is_some() {
+        eprintln!("bench: keeping session logs in {}", tmp_path.display());
+        let _ = tmp.keep();
+        None
+    } else {
+        Some(tmp)
+    };
     let stdout = std::io::stdout();
     // Targets are interleaved within each run, so load from other processes on the machine
     // spreads over all of them instead of landing on one.
@@ -342,7 +356,7 @@ fn phase_main(args: &[String]) -> i32 {
                 _ => None,
             };
             let before = stand_in.map(|s| counters(s));
-            if let Err(e) = run_target(&mut ctx, &settings, target, &mut rec) {
+            if let Err(e) = run_target(&mut ctx, &settings, target, &mut rec, healthy.as_ref()) {
                 eprintln!("bench: {e}");
                 rec.error = Some(e);
             }
@@ -350,9 +364,6 @@ fn phase_main(args: &[String]) -> i32 {
                 let a = counters(s);
                 rec.ingest_connections = Some(a.0 - b.0);
                 rec.ingest_requests = Some(a.1 - b.1);
-                if target == Target::Wrap(WrapMode::Healthy) {
-                    rec.events_seen = Some(a.2 - b.2);
-                }
             }
             if let Ok(line) = serde_json::to_string(&rec) {
                 let mut out = stdout.lock();
@@ -364,25 +375,42 @@ fn phase_main(args: &[String]) -> i32 {
     0
 }
 
-fn counters(s: &ingest::StandIn) -> (u64, u64, u64) {
+fn counters(s: &ingest::StandIn) -> (u64, u64, u64, u64) {
     (
         s.counters.connections.load(Ordering::Relaxed),
         s.counters.requests.load(Ordering::Relaxed),
         s.counters.events.load(Ordering::Relaxed),
+        s.counters.events_not_ok.load(Ordering::Relaxed),
     )
 }
 
-fn per_call_us(cpu_ms: &BTreeMap<String, f64>, calls: u64) -> BTreeMap<String, f64> {
-    let calls = calls.max(1) as f64;
-    let mut m: BTreeMap<String, f64> = cpu_ms
-        .iter()
-        .map(|(k, v)| (k.clone(), v * 1000.0 / calls))
-        .collect();
-    m.insert(
-        "(total)".into(),
-        cpu_ms.values().sum::<f64>() * 1000.0 / calls,
-    );
-    m
+/// Env var: keep the phase's temp dir (session stderr logs, `file:` sink output).
+const ENV_KEEP_TMP: &str = "BENCH_KEEP_TMP";
+
+/// Env var: print every sequential call slower than this many µs (call index and start offset),
+/// to tell periodic stalls from random ones.
+const ENV_TRACE_SLOW_US: &str = "BENCH_TRACE_SLOW_US";
+
+fn trace_slow(target: Target, start: std::time::Instant, lat: &[Duration]) {
+    let Some(limit) = std::env::var(ENV_TRACE_SLOW_US)
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    else {
+        return;
+    };
+    let mut offset = Duration::ZERO;
+    for (i, d) in lat.iter().enumerate() {
+        if d.as_secs_f64() * 1e6 > limit {
+            eprintln!(
+                "bench: slow {} call #{i} at +{:.3} ms: {:.0} µs",
+                target.name(),
+                offset.as_secs_f64() * 1e3,
+                d.as_secs_f64() * 1e6
+            );
+        }
+        offset += *d;
+    }
+    let _ = start;
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -408,83 +436,156 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// CPU µs per unit by thread name between two snapshots of the same process, plus `(total)`.
+fn cpu_delta(
+    before: &session::ProcSnap,
+    after: &session::ProcSnap,
+    units: f64,
+) -> BTreeMap<String, f64> {
+    let mut m: BTreeMap<String, f64> = after
+        .cpu_ms
+        .iter()
+        .map(|(k, v)| {
+            let d = v - before.cpu_ms.get(k).copied().unwrap_or(0.0);
+            (k.clone(), d.max(0.0) * 1000.0 / units.max(1.0))
+        })
+        .collect();
+    let total = m.values().sum();
+    m.insert("(total)".into(), total);
+    m
+}
+
+/// Counts the events the target delivered: from its `file:` sink, or from the healthy ingest.
+struct EventCount<'a> {
+    ingest: Option<&'a ingest::StandIn>,
+}
+
+impl EventCount<'_> {
+    fn before(&self) -> (u64, u64) {
+        self.ingest.map_or((0, 0), |s| {
+            let c = counters(s);
+            (c.2, c.3)
+        })
+    }
+    fn after(&self, before: (u64, u64), file: Option<PathBuf>) -> Option<(u64, u64)> {
+        match (self.ingest, file) {
+            (Some(s), _) => {
+                let c = counters(s);
+                Some((c.2 - before.0, c.3 - before.1))
+            }
+            (None, Some(p)) => Some(session::count_file_events(&p)),
+            (None, None) => None,
+        }
+    }
+}
+
 /// Runs every workload for one target, each in a fresh session, filling `rec`.
-fn run_target(ctx: &mut Ctx, s: &Settings, target: Target, rec: &mut Record) -> Result<(), String> {
-    let mut events_seen = 0u64;
-    let mut count_events = |sess_file: Option<PathBuf>| {
-        if let Some(p) = sess_file {
-            events_seen += session::count_file_events(&p);
+fn run_target(
+    ctx: &mut Ctx,
+    s: &Settings,
+    target: Target,
+    rec: &mut Record,
+    healthy: Option<&ingest::StandIn>,
+) -> Result<(), String> {
+    let ev = EventCount {
+        ingest: if target == Target::Wrap(WrapMode::Healthy) {
+            healthy
+        } else {
+            None
+        },
+    };
+    let note_events = |rec: &mut Record, workload: &str, calls: u64, seen: Option<(u64, u64)>| {
+        if let Some((seen, not_ok)) = seen {
+            let e = rec.events.entry(workload.to_string()).or_default();
+            e.0 += seen;
+            e.1 += calls;
+            e.2 += not_ok;
         }
     };
 
     // 1. Sequential latency.
+    let b = ev.before();
     let mut sess = Session::start(ctx, target)?;
     for _ in 0..s.warmup {
         if let Err(e) = sess.echo_call() {
             return Err(sess.abort("warm-up call", e));
         }
     }
+    let snap0 = sess.snapshot();
     let mut lat = Vec::with_capacity(s.seq_calls as usize);
+    let t_seq = std::time::Instant::now();
     for _ in 0..s.seq_calls {
         match sess.echo_call() {
             Ok(d) => lat.push(d),
             Err(e) => return Err(sess.abort("sequential call", e)),
         }
     }
+    let snap1 = sess.snapshot();
+    trace_slow(target, t_seq, &lat);
     lat.sort();
     rec.seq_p50_us = Some(percentile(&lat, 50.0));
     rec.seq_p99_us = Some(percentile(&lat, 99.0));
-    let snap = sess.snapshot();
-    rec.cpu_seq_us = per_call_us(&snap.cpu_ms, sess.calls);
-    let mut rss_small = snap.hwm_kib;
-    rec.calls += sess.calls;
+    rec.seq_max_us = lat.last().map(|d| d.as_secs_f64() * 1e6);
+    rec.cpu_seq_us = cpu_delta(&snap0, &snap1, s.seq_calls as f64);
+    let mut rss_small = snap1.hwm_kib;
+    let calls = sess.calls;
+    rec.calls += calls;
     let file = sess.events_file.clone();
     sess.finish()?;
-    count_events(file);
+    note_events(rec, "sequential", calls, ev.after(b, file));
 
     // 2. Pipelined throughput.
+    let b = ev.before();
     let mut sess = Session::start(ctx, target)?;
     let first = sess.take_ids(s.pipe_calls);
     let mut reqs = Vec::with_capacity(s.pipe_calls as usize * 128);
     for id in first..first + s.pipe_calls {
         reqs.extend_from_slice(session::echo_request(id).as_bytes());
     }
+    let snap0 = sess.snapshot();
     match sess.pipelined(&reqs, first, s.pipe_calls) {
         Ok((dt, _, _)) => rec.pipe_calls_per_s = Some(s.pipe_calls as f64 / dt.as_secs_f64()),
         Err(e) => return Err(sess.abort("pipelined calls", e)),
     }
-    let snap = sess.snapshot();
-    rec.cpu_pipe_us = per_call_us(&snap.cpu_ms, sess.calls);
-    rss_small = rss_small.max(snap.hwm_kib);
+    let snap1 = sess.snapshot();
+    rec.cpu_pipe_us = cpu_delta(&snap0, &snap1, s.pipe_calls as f64);
+    rss_small = rss_small.max(snap1.hwm_kib);
     rec.rss_small_kib = Some(rss_small as f64);
-    rec.calls += sess.calls;
+    let calls = sess.calls;
+    rec.calls += calls;
     let file = sess.events_file.clone();
     sess.finish()?;
-    count_events(file);
+    note_events(rec, "pipelined", calls, ev.after(b, file));
 
     // 3. Bandwidth: large responses, requests pipelined so the pipe never idles.
+    let b = ev.before();
     let mut sess = Session::start(ctx, target)?;
     let first = sess.take_ids(s.bw_count);
     let mut reqs = Vec::new();
     for id in first..first + s.bw_count {
         reqs.extend_from_slice(session::blob_request(id, s.bw_bytes).as_bytes());
     }
+    let snap0 = sess.snapshot();
     match sess.pipelined(&reqs, first, s.bw_count) {
         Ok((dt, bytes, largest)) => {
             rec.bw_mb_per_s = Some(bytes as f64 / 1e6 / dt.as_secs_f64());
             rec.bw_frame_bytes = Some(largest as f64);
+            let snap1 = sess.snapshot();
+            rec.cpu_bw_us_per_mb = cpu_delta(&snap0, &snap1, bytes as f64 / 1e6);
+            rec.rss_big_kib = Some(snap1.hwm_kib as f64);
         }
         Err(e) => return Err(sess.abort("large responses", e)),
     }
-    rec.rss_big_kib = Some(sess.snapshot().hwm_kib as f64);
-    rec.calls += sess.calls;
+    let calls = sess.calls;
+    rec.calls += calls;
     let file = sess.events_file.clone();
     sess.finish()?;
-    count_events(file);
+    note_events(rec, "5MB", calls, ev.after(b, file));
 
     // 4. Close → exit with answers still in flight; every byte must arrive.
     let mut closes = Vec::new();
     for _ in 0..s.close_samples {
+        let b = ev.before();
         let mut sess = Session::start(ctx, target)?;
         let first = sess.take_ids(s.close_echoes + 1);
         let mut reqs = Vec::new();
@@ -497,10 +598,11 @@ fn run_target(ctx: &mut Ctx, s: &Settings, target: Target, rec: &mut Record) -> 
         if let Err(e) = sess.send_unanswered(&reqs, s.close_echoes + 1) {
             return Err(sess.abort("requests before close", e));
         }
-        rec.calls += sess.calls;
+        let calls = sess.calls;
+        rec.calls += calls;
         let file = sess.events_file.clone();
         let fin = sess.finish()?;
-        count_events(file);
+        note_events(rec, "close", calls, ev.after(b, file));
         if fin.lines != s.close_echoes + 1 || fin.bytes < s.close_blob as u64 {
             return Err(format!(
                 "{}: after close only {} of {} answers ({} bytes) arrived",
@@ -513,8 +615,5 @@ fn run_target(ctx: &mut Ctx, s: &Settings, target: Target, rec: &mut Record) -> 
         closes.push(fin.close_to_exit.as_secs_f64() * 1e3);
     }
     rec.close_ms = median(closes);
-    if target == Target::Wrap(WrapMode::File) {
-        rec.events_seen = Some(events_seen);
-    }
     Ok(())
 }

@@ -18,6 +18,8 @@ pub struct IngestCounters {
     pub requests: AtomicU64,
     /// Events counted in JSON bodies (a compressed body is counted as a request only).
     pub events: AtomicU64,
+    /// Of those, events whose status is not 200.
+    pub events_not_ok: AtomicU64,
 }
 
 pub struct StandIn {
@@ -112,7 +114,9 @@ fn serve_conn(conn: TcpStream, c: &IngestCounters) -> io::Result<()> {
         let mut accepted = 0u64;
         if json {
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
-                accepted = v["events"].as_array().map_or(0, |a| a.len() as u64);
+                let (n, bad) = crate::session::count_batch(&v);
+                accepted = n;
+                c.events_not_ok.fetch_add(bad, Ordering::Relaxed);
             }
         }
         c.events.fetch_add(accepted, Ordering::Relaxed);

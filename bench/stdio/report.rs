@@ -41,8 +41,10 @@ struct Agg {
     rss_big: Option<f64>,
     cpu_seq: BTreeMap<String, f64>,
     cpu_pipe: BTreeMap<String, f64>,
-    calls: Option<f64>,
-    events: Option<f64>,
+    cpu_bw: BTreeMap<String, f64>,
+    max: Option<f64>,
+    /// Summed over the runs: workload → (events seen, tools/call made).
+    events: BTreeMap<String, (u64, u64, u64)>,
     requests: Option<f64>,
     connections: Option<f64>,
     errors: Vec<String>,
@@ -80,8 +82,17 @@ fn agg(records: &[&Record]) -> Agg {
         rss_big: m(&|r| r.rss_big_kib),
         cpu_seq: cpu(&|r| &r.cpu_seq_us),
         cpu_pipe: cpu(&|r| &r.cpu_pipe_us),
-        calls: m(&|r| Some(r.calls as f64)),
-        events: m(&|r| r.events_seen.map(|v| v as f64)),
+        cpu_bw: cpu(&|r| &r.cpu_bw_us_per_mb),
+        max: m(&|r| r.seq_max_us),
+        events: records.iter().fold(BTreeMap::new(), |mut acc, r| {
+            for (k, (seen, calls, not_ok)) in &r.events {
+                let e: &mut (u64, u64, u64) = acc.entry(k.clone()).or_default();
+                e.0 += seen;
+                e.1 += calls;
+                e.2 += not_ok;
+            }
+            acc
+        }),
         requests: m(&|r| r.ingest_requests.map(|v| v as f64)),
         connections: m(&|r| r.ingest_connections.map(|v| v as f64)),
         errors: records.iter().filter_map(|r| r.error.clone()).collect(),
@@ -174,13 +185,9 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
             "RSS5 MiB",
             "CPU seq",
             "CPU pipe",
-            "events/calls"
+            "max µs"
         );
         for (t, a) in &by_target {
-            let events = match (a.events, a.calls) {
-                (Some(e), Some(c)) => format!("{e:.0}/{c:.0}"),
-                _ => "-".into(),
-            };
             let _ = writeln!(
                 o,
                 "{:<15} {:>8} {:>8} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13}",
@@ -194,13 +201,13 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
                 f(a.rss_big.map(|k| k / MIB), 1),
                 f(a.cpu_seq.get("(total)").copied(), 1),
                 f(a.cpu_pipe.get("(total)").copied(), 1),
-                events
+                f(a.max, 0)
             );
         }
         let _ = writeln!(
             o,
             "(RSS = VmHWM of the target's top process: the server for direct, the relay process, the wrapper; \
-             CPU = that process's CPU µs per tools/call)"
+             CPU = that process's CPU µs per measured tools/call; max = slowest sequential call)"
         );
 
         let (direct, relay) = (get("direct"), get("relay"));
@@ -287,13 +294,36 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
 
         let _ = writeln!(
             o,
-            "\nCPU per tools/call by thread of the target's top process, µs: pipelined [sequential]"
+            "\nCPU of the target's top process by thread: µs per sequential call / per pipelined call / per MB of 5 MB responses"
         );
         for (t, a) in &by_target {
             let mut line = format!("{:<15}", t.name());
             for (name, v) in &a.cpu_pipe {
-                let seq = a.cpu_seq.get(name).copied();
-                let _ = write!(line, " {name} {v:.2} [{}]", f(seq, 2));
+                let _ = write!(
+                    line,
+                    "  {name} {} / {v:.2} / {}",
+                    f(a.cpu_seq.get(name).copied(), 2),
+                    f(a.cpu_bw.get(name).copied(), 1)
+                );
+            }
+            let _ = writeln!(o, "{line}");
+        }
+
+        let mut shown = false;
+        for (t, a) in &by_target {
+            if a.events.is_empty() {
+                continue;
+            }
+            if !shown {
+                let _ = writeln!(
+                    o,
+                    "\nevents delivered / tools/call made, summed over the runs"
+                );
+                shown = true;
+            }
+            let mut line = format!("{:<15}", t.name());
+            for (k, (seen, calls, not_ok)) in &a.events {
+                let _ = write!(line, "  {k} {seen}/{calls} ({not_ok})");
             }
             let _ = writeln!(o, "{line}");
         }

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 const DRIVER_READ_BUF: usize = 64 * 1024;
 /// How long one session may take before the watchdog kills it; generous for a loaded machine.
 const SESSION_DEADLINE: Duration = Duration::from_secs(180);
+/// Env var: run the wrapper with `--debug` (its stderr goes to the session's log file; keep the
+/// logs with `BENCH_KEEP_TMP=1`).
+pub const ENV_WRAPPER_DEBUG: &str = "BENCH_WRAPPER_DEBUG";
 /// A syntactically valid sensor token: the stand-in ingests never verify it.
 pub const BENCH_TOKEN: &str = "obs1.bench.c2ln";
 
@@ -150,6 +153,9 @@ impl Session {
             }
             Target::Wrap(mode) => {
                 let mut c = Command::new(&ctx.wrapper);
+                if std::env::var_os(ENV_WRAPPER_DEBUG).is_some() {
+                    c.arg("--debug");
+                }
                 match mode {
                     WrapMode::NoIngest => {}
                     WrapMode::File => {
@@ -467,13 +473,23 @@ fn ticks_ms(dir: &Path) -> Option<f64> {
     Some(ticks * 10.0)
 }
 
-/// Events written by the `file:` sink: one batch per line, `events` an array.
-pub fn count_file_events(path: &Path) -> u64 {
+/// Events written by the `file:` sink (one batch per line, `events` an array): (all, status ≠ 200).
+pub fn count_file_events(path: &Path) -> (u64, u64) {
     let Ok(text) = std::fs::read_to_string(path) else {
-        return 0;
+        return (0, 0);
     };
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| v["events"].as_array().map_or(0, |a| a.len() as u64))
-        .sum()
+        .map(|v| count_batch(&v))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+/// (events, events whose status is not 200) in one batch. Every `tools/call` of the mock server
+/// succeeds, so a non-200 event is a mis-correlated call (e.g. a 504 for a call that was answered).
+pub fn count_batch(v: &serde_json::Value) -> (u64, u64) {
+    let Some(events) = v["events"].as_array() else {
+        return (0, 0);
+    };
+    let bad = events.iter().filter(|e| e["status"] != 200).count();
+    (events.len() as u64, bad as u64)
 }
