@@ -355,7 +355,7 @@ fn phase_main(args: &[String]) -> i32 {
                 Target::Wrap(WrapMode::BlackHole) => black_hole.as_ref(),
                 _ => None,
             };
-            let before = stand_in.map(|s| counters(s));
+            let before = stand_in.map(counters);
             if let Err(e) = run_target(&mut ctx, &settings, target, &mut rec, healthy.as_ref()) {
                 eprintln!("bench: {e}");
                 rec.error = Some(e);
