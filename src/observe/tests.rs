@@ -545,6 +545,77 @@ async fn tap_observer_splits_chunks_and_stamps_completion_time() {
     assert_eq!(stats.frames, [1, 1]);
 }
 
+#[tokio::test]
+async fn a_50_mb_result_is_still_correlated() {
+    use bytes::Bytes;
+    const CHUNK: usize = 64 * 1024;
+    let text = "y".repeat(50 * 1024 * 1024);
+    let resp = format!(
+        "{}\n",
+        json!({"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":text}]}})
+    );
+    drop(text);
+    let resp = Bytes::from(resp);
+    // Room for every chunk: this test is about the splitter and the peek, not tap drops.
+    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap(resp.len() / CHUNK + 16);
+    let obs = Observer::new(cfg(), Vec::new());
+    let task = tokio::spawn(run_tap_observer(rx, obs));
+    let t0 = Instant::now();
+    c2s.offer(
+        t0,
+        Bytes::from(format!("{}\n", call(json!(1), "export", json!({})))),
+    );
+    let mut off = 0;
+    while off < resp.len() {
+        let end = (off + CHUNK).min(resp.len());
+        s2c.offer(t0 + Duration::from_millis(40), resp.slice(off..end));
+        off = end;
+    }
+    c2s.close(t0);
+    s2c.close(t0);
+    let obs = task.await.expect("task");
+    assert_eq!(
+        stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].status, 200);
+    assert_eq!(events[0].bytes.resp as usize, resp.len() - 1);
+    assert!((events[0].dur_ms - 40.0).abs() < 0.001);
+    assert_eq!(stats.oversize, 0);
+}
+
+#[tokio::test]
+async fn frames_are_observed_in_relay_time_order_across_directions() {
+    use bytes::Bytes;
+    let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
+    let task = tokio::spawn(run_tap_observer(rx, Observer::new(cfg(), Vec::new())));
+    let t0 = Instant::now();
+    let line = |v: Value| Bytes::from(format!("{v}\n"));
+    c2s.offer(t0, line(call(json!(1), "book", json!({}))));
+    // The retry (read at +10 ms) reaches the tap before the input_required answer it
+    // responds to (read at +5 ms): the s2c relay thread was preempted after its write.
+    c2s.offer(
+        t0 + Duration::from_millis(10),
+        line(json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+            "params":{"name":"book","requestState":"r1","inputResponses":{}}})),
+    );
+    s2c.offer(
+        t0 + Duration::from_millis(5),
+        line(json!({"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","requestState":"r1"}})),
+    );
+    s2c.offer(t0 + Duration::from_millis(20), line(ok(json!(2))));
+    c2s.close(t0 + Duration::from_millis(30));
+    s2c.close(t0 + Duration::from_millis(30));
+    let obs = task.await.expect("task");
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].status, 200);
+    assert!((events[0].dur_ms - 20.0).abs() < 0.001);
+    assert_eq!(stats.orphan_responses, 0);
+}
+
 mod generated {
     use super::*;
     use proptest::prelude::*;
@@ -605,5 +676,92 @@ mod generated {
                 prop_assert!(filter_event(e).is_ok());
             }
         }
+    }
+}
+
+#[test]
+fn a_response_observed_before_its_request_still_completes_the_call() {
+    let mut t = T::new();
+    // The relay stamped the request at 0 ms and the response at 8 ms, but the response's
+    // direction reached the observer first.
+    t.send(S2C, 8, ok(json!(1)));
+    t.send(C2S, 0, call(json!(1), "a", json!({})));
+    // A list response overtaken by the next call: the call still gets the new version.
+    t.send(
+        C2S,
+        10,
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}),
+    );
+    t.send(C2S, 12, call(json!(3), "b", json!({})));
+    t.send(
+        S2C,
+        11,
+        json!({"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"b"}]}}),
+    );
+    t.send(S2C, 13, ok(json!(3)));
+    // A response that never finds its request is an orphan once the grace has passed.
+    t.send(S2C, 20, ok(json!(99)));
+    t.obs.on_tick(t.at(20) + EARLY_RESPONSE_GRACE / 2);
+    assert_eq!(t.obs.stats().orphan_responses, 0);
+    t.obs
+        .on_tick(t.at(20) + EARLY_RESPONSE_GRACE + Duration::from_millis(1));
+    assert_eq!(t.obs.stats().orphan_responses, 1);
+    let (stats, events) = t.finish(100, EndCause::SessionEnd);
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0].status, 200);
+    assert!(
+        (events[0].dur_ms - 8.0).abs() < 0.001,
+        "{}",
+        events[0].dur_ms
+    );
+    assert!(events[1].rec.registry_version.is_some());
+    assert_eq!(stats.orphan_responses, 1);
+}
+
+/// Observer CPU per `tools/call` (request + response, peek, correlate, capture, build event).
+/// `cargo test --release --lib observer_cpu_per_call -- --ignored --nocapture`
+#[test]
+#[ignore = "measurement, prints numbers"]
+fn observer_cpu_per_call() {
+    fn thread_cpu() -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        assert_eq!(rc, 0);
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+    for (label, resp_text) in [("small", 100usize), ("64 KiB result", 64 * 1024)] {
+        const N: usize = 20_000;
+        let mut frames = Vec::with_capacity(N);
+        let text = "x".repeat(resp_text);
+        for i in 0..N {
+            let req = call(
+                json!(i),
+                "issue_refund",
+                json!({"amount_cents": 4900, "currency": "EUR",
+                       "customer_email": "jane@example.com", "reason": "duplicate charge"}),
+            )
+            .to_string();
+            let resp = json!({"jsonrpc":"2.0","id":i,"result":{"content":[{"type":"text","text":text}],"isError":false}}).to_string();
+            frames.push((req, resp));
+        }
+        let mut obs = Observer::new(cfg(), Vec::with_capacity(N));
+        let t0 = Instant::now();
+        let cpu0 = thread_cpu();
+        for (req, resp) in &frames {
+            obs.on_frame(StreamId(0), C2S, t0, req.as_bytes());
+            obs.on_frame(StreamId(0), S2C, t0, resp.as_bytes());
+        }
+        let cpu = thread_cpu() - cpu0;
+        let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+        assert_eq!(events.len(), N);
+        assert_eq!(stats.events as usize, N);
+        eprintln!(
+            "observer CPU per tools/call ({label}): {:.2} µs",
+            cpu.as_secs_f64() * 1e6 / N as f64
+        );
     }
 }
