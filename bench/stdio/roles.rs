@@ -1,0 +1,164 @@
+//! The two helper processes the harness re-invokes itself as: the mock MCP server and the
+//! minimal byte relay.
+//!
+//! Both use the raw stdin/stdout file descriptors (duplicated into `File`s) so that std's
+//! buffered `Stdout` never adds a copy or a delayed flush: every response is one `write_all`.
+//! They must never print anything but protocol bytes on stdout; they are measured, not observed.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
+use std::process::{Command, Stdio};
+use std::thread;
+
+/// One relay read, the same size as the wrapper's own relay buffer, so the comparison is fair.
+const RELAY_BUF: usize = 64 * 1024;
+/// Reader buffer of the mock server; requests are small, this only saves syscalls when pipelined.
+const SERVER_READ_BUF: usize = 64 * 1024;
+/// The protocol revision the mock server answers `initialize` with.
+const PROTOCOL_VERSION: &str = "2025-06-18";
+
+fn raw_stdin() -> io::Result<File> {
+    Ok(File::from(io::stdin().as_fd().try_clone_to_owned()?))
+}
+
+fn raw_stdout() -> io::Result<File> {
+    Ok(File::from(io::stdout().as_fd().try_clone_to_owned()?))
+}
+
+/// The numeric `"id":N` of a request line the harness wrote, or `None` for a notification.
+fn request_id(line: &[u8]) -> Option<&[u8]> {
+    let at = find(line, b"\"id\":")? + 5;
+    let rest = &line[at..];
+    let end = rest
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(rest.len());
+    (end > 0).then(|| &rest[..end])
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `"bytes":N` in a `blob` call's arguments.
+fn blob_size(line: &[u8]) -> usize {
+    let Some(at) = find(line, b"\"bytes\":") else {
+        return 0;
+    };
+    line[at + 8..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .fold(0usize, |n, b| n * 10 + usize::from(b - b'0'))
+}
+
+/// A fast mock MCP stdio server: `initialize`, `tools/list`, and `tools/call` for `echo`
+/// (a small result) and `blob` (a text result of `arguments.bytes` bytes). Exits 0 at stdin EOF.
+pub fn server_main() -> i32 {
+    match serve() {
+        Ok(()) => 0,
+        // The client went away mid-write: the end of the session, not a failure.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("bench server: {e}");
+            1
+        }
+    }
+}
+
+fn serve() -> io::Result<()> {
+    let mut input = BufReader::with_capacity(SERVER_READ_BUF, raw_stdin()?);
+    let mut out = raw_stdout()?;
+    let mut line = Vec::with_capacity(1024);
+    let mut resp: Vec<u8> = Vec::with_capacity(1024);
+    let mut payload: Vec<u8> = Vec::new();
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        let Some(id) = request_id(&line) else {
+            continue; // notifications get no answer
+        };
+        resp.clear();
+        resp.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+        resp.extend_from_slice(id);
+        if find(&line, b"\"method\":\"tools/call\"").is_some() {
+            if find(&line, b"\"name\":\"blob\"").is_some() {
+                let n = blob_size(&line);
+                if payload.len() < n {
+                    payload.resize(n, b'a');
+                }
+                resp.extend_from_slice(b",\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"");
+                resp.extend_from_slice(&payload[..n]);
+                resp.extend_from_slice(b"\"}],\"isError\":false}}\n");
+            } else {
+                resp.extend_from_slice(
+                    b",\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"ok\"}],\"isError\":false}}\n",
+                );
+            }
+        } else if find(&line, b"\"method\":\"initialize\"").is_some() {
+            resp.extend_from_slice(b",\"result\":{\"protocolVersion\":\"");
+            resp.extend_from_slice(PROTOCOL_VERSION.as_bytes());
+            resp.extend_from_slice(
+                b"\",\"capabilities\":{\"tools\":{}},\"serverInfo\":{\"name\":\"bench-server\",\"version\":\"1.0.0\"}}}\n",
+            );
+        } else if find(&line, b"\"method\":\"tools/list\"").is_some() {
+            resp.extend_from_slice(
+                b",\"result\":{\"tools\":[{\"name\":\"echo\",\"description\":\"Answers ok\",\"inputSchema\":{\"type\":\"object\",\"properties\":{\"amount_cents\":{\"type\":\"integer\"},\"currency\":{\"type\":\"string\"}}}},{\"name\":\"blob\",\"description\":\"Answers N bytes\",\"inputSchema\":{\"type\":\"object\",\"properties\":{\"bytes\":{\"type\":\"integer\"}}}}]}}\n",
+            );
+        } else {
+            resp.extend_from_slice(
+                b",\"error\":{\"code\":-32601,\"message\":\"Method not found\"}}\n",
+            );
+        }
+        out.write_all(&resp)?;
+    }
+}
+
+/// The minimal byte relay the wrapper is compared with: spawn the server, copy stdin → child and
+/// child → stdout on two plain threads, exit with the child's code. Nothing else.
+pub fn relay_main() -> i32 {
+    match relay() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("bench relay: {e}");
+            1
+        }
+    }
+}
+
+fn relay() -> io::Result<i32> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(["--role", "server"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let (Some(child_in), Some(child_out)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(io::Error::other("child pipes missing"));
+    };
+    let stdin = raw_stdin()?;
+    let stdout = raw_stdout()?;
+    // Upstream: at our stdin EOF the thread ends and drops `child_in`, closing the child's stdin.
+    thread::spawn(move || copy(stdin, child_in));
+    let down = thread::spawn(move || copy(child_out, stdout));
+    let _ = down.join();
+    let status = child.wait()?;
+    // The upstream thread may still sit in read(); exiting the process ends it.
+    Ok(status.code().unwrap_or(1))
+}
+
+fn copy(mut from: impl Read, mut to: impl Write) -> io::Result<()> {
+    let mut buf = vec![0u8; RELAY_BUF];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        to.write_all(&buf[..n])?;
+    }
+}

@@ -1,0 +1,495 @@
+//! One measured session: a target pipeline spawned with piped stdin/stdout, the MCP handshake,
+//! the workloads, a /proc snapshot of the target's top process, and the close → exit timing.
+//!
+//! Every session runs under a watchdog that kills the pipeline's process group when it overruns,
+//! so a broken wrapper (one that exits at once, or never answers) is reported, never waited on.
+//! The driver's own work (formatting requests, reading lines) is identical for every target.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Driver read buffer: large enough that a 5 MB response costs few syscalls on our side.
+const DRIVER_READ_BUF: usize = 64 * 1024;
+/// How long one session may take before the watchdog kills it; generous for a loaded machine.
+const SESSION_DEADLINE: Duration = Duration::from_secs(180);
+/// Env var: run the wrapper with `--debug` (its stderr goes to the session's log file; keep the
+/// logs with `BENCH_KEEP_TMP=1`).
+pub const ENV_WRAPPER_DEBUG: &str = "BENCH_WRAPPER_DEBUG";
+/// A syntactically valid sensor token: the stand-in ingests never verify it.
+pub const BENCH_TOKEN: &str = "obs1.bench.c2ln";
+
+/// How the wrapper is configured for a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrapMode {
+    /// No token: ingest Off, observation on, nothing sent.
+    NoIngest,
+    /// `--ingest file:<tmp>`: events filtered and appended as JSON lines.
+    File,
+    /// Token + the in-harness ingest that answers 200.
+    Healthy,
+    /// Token + a listener that accepts and never answers.
+    BlackHole,
+}
+
+/// What is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Direct,
+    Relay,
+    Wrap(WrapMode),
+}
+
+impl Target {
+    pub const ALL: [Target; 6] = [
+        Target::Direct,
+        Target::Relay,
+        Target::Wrap(WrapMode::NoIngest),
+        Target::Wrap(WrapMode::File),
+        Target::Wrap(WrapMode::Healthy),
+        Target::Wrap(WrapMode::BlackHole),
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Relay => "relay",
+            Target::Wrap(WrapMode::NoIngest) => "wrap:none",
+            Target::Wrap(WrapMode::File) => "wrap:file",
+            Target::Wrap(WrapMode::Healthy) => "wrap:healthy",
+            Target::Wrap(WrapMode::BlackHole) => "wrap:blackhole",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Target> {
+        Target::ALL.into_iter().find(|t| t.name() == s)
+    }
+}
+
+/// What every session needs to know about its environment.
+pub struct Ctx {
+    pub exe: PathBuf,
+    pub wrapper: PathBuf,
+    pub tmp: PathBuf,
+    pub healthy: Option<SocketAddr>,
+    pub black_hole: Option<SocketAddr>,
+    pub serial: u64,
+}
+
+/// A snapshot of the target's top process, taken while it is still alive.
+#[derive(Debug, Clone, Default)]
+pub struct ProcSnap {
+    /// VmHWM: peak resident set size so far, KiB.
+    pub hwm_kib: u64,
+    /// CPU time per thread name (`comm`), milliseconds, summed over live threads.
+    pub cpu_ms: BTreeMap<String, f64>,
+}
+
+/// What the end of a session looked like.
+pub struct Finish {
+    pub close_to_exit: Duration,
+    pub lines: u64,
+    pub bytes: u64,
+}
+
+pub struct Session {
+    target: Target,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    stderr_path: PathBuf,
+    /// Where the `file:` sink writes, for counting events afterwards.
+    pub events_file: Option<PathBuf>,
+    next_id: u64,
+    /// Dropping it stops the watchdog.
+    _watchdog: mpsc::Sender<()>,
+    /// Reused response buffer.
+    line: Vec<u8>,
+    /// `tools/call` requests sent so far (the events the observer should produce).
+    pub calls: u64,
+}
+
+pub fn echo_request(id: u64) -> String {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"amount_cents\":4900,\"currency\":\"EUR\"}}}}}}\n"
+    )
+}
+
+pub fn blob_request(id: u64, bytes: usize) -> String {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"blob\",\"arguments\":{{\"bytes\":{bytes}}}}}}}\n"
+    )
+}
+
+fn response_prefix(id: u64) -> String {
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},")
+}
+
+impl Session {
+    /// Spawns the target and completes `initialize`, `notifications/initialized`, `tools/list`.
+    pub fn start(ctx: &mut Ctx, target: Target) -> Result<Session, String> {
+        ctx.serial += 1;
+        let label = format!("{}-{}", target.name().replace(':', "-"), ctx.serial);
+        let stderr_path = ctx.tmp.join(format!("{label}.stderr"));
+        let stderr = File::create(&stderr_path).map_err(|e| format!("stderr log: {e}"))?;
+        let mut events_file = None;
+        let mut cmd = match target {
+            Target::Direct => {
+                let mut c = Command::new(&ctx.exe);
+                c.args(["--role", "server"]);
+                c
+            }
+            Target::Relay => {
+                let mut c = Command::new(&ctx.exe);
+                c.args(["--role", "relay"]);
+                c
+            }
+            Target::Wrap(mode) => {
+                let mut c = Command::new(&ctx.wrapper);
+                if std::env::var_os(ENV_WRAPPER_DEBUG).is_some() {
+                    c.arg("--debug");
+                }
+                match mode {
+                    WrapMode::NoIngest => {}
+                    WrapMode::File => {
+                        let path = ctx.tmp.join(format!("{label}.events.jsonl"));
+                        c.arg("--ingest").arg(format!("file:{}", path.display()));
+                        events_file = Some(path);
+                    }
+                    WrapMode::Healthy | WrapMode::BlackHole => {
+                        let addr = if mode == WrapMode::Healthy {
+                            ctx.healthy
+                        } else {
+                            ctx.black_hole
+                        }
+                        .ok_or("stand-in ingest not running")?;
+                        c.args(["--token", BENCH_TOKEN, "--ingest"])
+                            .arg(format!("http://{addr}"));
+                    }
+                }
+                c.arg("--").arg(&ctx.exe).args(["--role", "server"]);
+                c
+            }
+        };
+        for name in bounded_observe_mcp::config::ALL_ENV {
+            cmd.env_remove(name);
+        }
+        // Own process group, so the watchdog can kill the whole pipeline at once.
+        cmd.process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr));
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("{}: cannot spawn: {e}", target.name()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("child pipes missing".into());
+        };
+        let watchdog = start_watchdog(child.id());
+        let mut s = Session {
+            target,
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::with_capacity(DRIVER_READ_BUF, stdout),
+            stderr_path,
+            events_file,
+            next_id: 0,
+            _watchdog: watchdog,
+            line: Vec::with_capacity(1024),
+            calls: 0,
+        };
+        let hello = "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"bench-driver\",\"version\":\"1.0.0\"}}}\n";
+        let list = "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{}}\n";
+        let handshake = s
+            .send(hello.as_bytes())
+            .and_then(|()| s.expect_response(0))
+            .and_then(|()| s.send(list.as_bytes()))
+            .and_then(|()| s.expect_response(1));
+        if let Err(e) = handshake {
+            return Err(s.abort("initialize handshake", e));
+        }
+        s.next_id = 2;
+        Ok(s)
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self.stdin.as_mut() {
+            Some(w) => w.write_all(bytes),
+            None => Err(io::Error::other("stdin already closed")),
+        }
+    }
+
+    fn recv_line(&mut self) -> io::Result<usize> {
+        self.line.clear();
+        let n = self.stdout.read_until(b'\n', &mut self.line)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "target closed its stdout",
+            ));
+        }
+        Ok(n)
+    }
+
+    fn expect_response(&mut self, id: u64) -> io::Result<()> {
+        self.recv_line()?;
+        if !self.line.starts_with(response_prefix(id).as_bytes()) {
+            let shown = String::from_utf8_lossy(&self.line[..self.line.len().min(120)]);
+            return Err(io::Error::other(format!(
+                "expected the response to id {id}, got {shown:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Kills what is left, and describes why the session failed: the I/O error, the target's
+    /// exit status if it is gone, and the tail of its stderr.
+    pub fn abort(mut self, what: &str, e: io::Error) -> String {
+        // A target that died on its own had a moment to do so; then we stop waiting.
+        let mut status = None;
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                status = Some(s);
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let status = match status {
+            Some(s) => describe(s),
+            None => {
+                kill_group(self.child.id());
+                let _ = self.child.wait();
+                "still running (killed)".to_string()
+            }
+        };
+        format!(
+            "{}: {what} failed: {e}; target {status}; stderr: {}",
+            self.target.name(),
+            stderr_tail(&self.stderr_path)
+        )
+    }
+
+    /// One `tools/call` round trip; returns its latency.
+    pub fn echo_call(&mut self) -> io::Result<Duration> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let req = echo_request(id);
+        let t0 = Instant::now();
+        self.send(req.as_bytes())?;
+        self.expect_response(id)?;
+        let dt = t0.elapsed();
+        self.calls += 1;
+        Ok(dt)
+    }
+
+    /// Writes `requests` from a second thread while this one reads `count` responses; returns
+    /// the elapsed time from the first write to the last response byte, and the bytes read.
+    pub fn pipelined(
+        &mut self,
+        requests: &[u8],
+        first_id: u64,
+        count: u64,
+    ) -> io::Result<(Duration, u64, u64)> {
+        let mut stdin = self
+            .stdin
+            .take()
+            .ok_or_else(|| io::Error::other("stdin already closed"))?;
+        let t0 = Instant::now();
+        let (stdin, read) = thread::scope(|scope| {
+            let writer = scope.spawn(move || stdin.write_all(requests).map(|()| stdin));
+            let mut total = 0u64;
+            let mut largest = 0u64;
+            let mut read = Ok(());
+            for i in 0..count {
+                match self.expect_response(first_id + i) {
+                    Ok(()) => {
+                        total += self.line.len() as u64;
+                        largest = largest.max(self.line.len() as u64);
+                    }
+                    Err(e) => {
+                        read = Err(e);
+                        break;
+                    }
+                }
+            }
+            let elapsed = t0.elapsed();
+            (writer.join(), read.map(|()| (elapsed, total, largest)))
+        });
+        match stdin {
+            Ok(Ok(stdin)) => self.stdin = Some(stdin),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::Error::other("writer thread panicked")),
+        }
+        self.calls += count;
+        read
+    }
+
+    /// Reserves `n` request ids for a pipelined batch; returns the first.
+    pub fn take_ids(&mut self, n: u64) -> u64 {
+        let first = self.next_id;
+        self.next_id += n;
+        first
+    }
+
+    /// Sends requests without reading their answers (they are drained by [`Session::finish`]).
+    pub fn send_unanswered(&mut self, bytes: &[u8], calls: u64) -> io::Result<()> {
+        self.calls += calls;
+        self.send(bytes)
+    }
+
+    /// Peak RSS and per-thread CPU of the target's top process, which must still be alive.
+    pub fn snapshot(&self) -> ProcSnap {
+        proc_snapshot(self.child.id())
+    }
+
+    /// Closes our end of the target's stdin, drains its stdout to EOF, and waits for it to exit.
+    pub fn finish(mut self) -> Result<Finish, String> {
+        let t0 = Instant::now();
+        drop(self.stdin.take());
+        let mut lines = 0u64;
+        let mut bytes = 0u64;
+        let mut buf = vec![0u8; DRIVER_READ_BUF];
+        loop {
+            match self.stdout.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    bytes += n as u64;
+                    lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.abort("draining stdout", e)),
+            }
+        }
+        let status = match self.child.wait() {
+            Ok(s) => s,
+            Err(e) => return Err(self.abort("wait", e)),
+        };
+        let close_to_exit = t0.elapsed();
+        if !status.success() {
+            return Err(format!(
+                "{}: exited {} after stdin was closed; stderr: {}",
+                self.target.name(),
+                describe(status),
+                stderr_tail(&self.stderr_path)
+            ));
+        }
+        Ok(Finish {
+            close_to_exit,
+            lines,
+            bytes,
+        })
+    }
+}
+
+fn describe(s: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => format!("{s}"),
+    }
+}
+
+fn stderr_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
+    if tail.is_empty() {
+        "(empty)".into()
+    } else {
+        tail
+    }
+}
+
+/// Kills a process group without `unsafe`: the `kill` utility does the syscall.
+fn kill_group(pgid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn start_watchdog(pgid: u32) -> mpsc::Sender<()> {
+    let (tx, rx) = mpsc::channel::<()>();
+    thread::spawn(move || {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(SESSION_DEADLINE) {
+            eprintln!("bench: session overran {SESSION_DEADLINE:?}; killing process group {pgid}");
+            kill_group(pgid);
+        }
+    });
+    tx
+}
+
+/// Reads VmHWM and per-thread CPU time (`se.sum_exec_runtime`, ns precision, from
+/// /proc/<pid>/task/<tid>/sched; falls back to utime+stime ticks where that file is absent).
+pub fn proc_snapshot(pid: u32) -> ProcSnap {
+    let mut snap = ProcSnap::default();
+    if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        for line in status.lines() {
+            if let Some(v) = line.strip_prefix("VmHWM:") {
+                snap.hwm_kib = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return snap;
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let comm = std::fs::read_to_string(dir.join("comm"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "?".into());
+        let ms = std::fs::read_to_string(dir.join("sched"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("se.sum_exec_runtime"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .or_else(|| ticks_ms(&dir));
+        *snap.cpu_ms.entry(comm).or_default() += ms.unwrap_or(0.0);
+    }
+    snap
+}
+
+/// utime + stime from /proc/<pid>/task/<tid>/stat, assuming the usual 100 Hz clock tick.
+fn ticks_ms(dir: &Path) -> Option<f64> {
+    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+    // Fields after the `(comm)`, which may itself contain spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks * 10.0)
+}
+
+/// Events written by the `file:` sink (one batch per line, `events` an array): (all, status ≠ 200).
+pub fn count_file_events(path: &Path) -> (u64, u64) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (0, 0);
+    };
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| count_batch(&v))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+/// (events, events whose status is not 200) in one batch. Every `tools/call` of the mock server
+/// succeeds, so a non-200 event is a mis-correlated call (e.g. a 504 for a call that was answered).
+pub fn count_batch(v: &serde_json::Value) -> (u64, u64) {
+    let Some(events) = v["events"].as_array() else {
+        return (0, 0);
+    };
+    let bad = events.iter().filter(|e| e["status"] != 200).count();
+    (events.len() as u64, bad as u64)
+}
