@@ -25,11 +25,17 @@ struct Ingest {
     base: String,
 }
 
+/// reqwest is built without a bundled TLS provider and panics building a client without one.
+fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn db_in(dir: &Path) -> PathBuf {
     dir.join("ingest.db")
 }
 
 async fn start_in(dir: tempfile::TempDir) -> Ingest {
+    install_tls_provider();
     let running = ingest::start(IngestConfig::ephemeral(db_in(dir.path())))
         .await
         .expect("ingest starts");
@@ -987,6 +993,7 @@ fn cli(args: &[&str], db: &Path, base: &str) -> std::process::Output {
 
 #[test]
 fn binary_serves_mints_revokes_and_keeps_evidence_across_a_restart() {
+    install_tls_provider();
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("evidence.db");
     let served = serve(&db);
