@@ -478,6 +478,32 @@ async fn fifty_megabyte_body_is_413_without_being_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_finishes_is_408_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = IngestConfig::ephemeral(db_in(dir.path()));
+    cfg.limits.body_read_timeout = Duration::from_millis(500);
+    let running = ingest::start(cfg).await.expect("start");
+    let admin = running.admin_client().expect("admin");
+    let key = admin.mint("acme", None).await.expect("mint");
+    let addr = running.addr();
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: 1000\r\n\r\n{{\"v\":2",
+        key.token
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(IO_TIMEOUT, s.read(&mut buf))
+        .await
+        .expect("answered before the test timeout")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(admin.events(&[]).await.expect("events").is_empty());
+    running.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bodies_are_400_never_500() {
     let ing = start().await;
     let key = ing.admin.mint("acme", None).await.expect("mint");

@@ -66,6 +66,10 @@ pub const ENV_LISTEN: &str = "BOUNDED_INGEST_LISTEN";
 /// room for events near the capture limits while bounding what one request can make us hold.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// How long a client may take to send a body. A sensor posts a few hundred KB at once; a body
+/// trickling in slower than this is holding a batch slot for nothing.
+pub const DEFAULT_BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How long shutdown waits for requests in flight before cutting them off.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -76,6 +80,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// A batch with more events → 413 (DESIGN §4: batches hold at most 500).
     pub max_batch_events: usize,
+    /// A body not fully received within this → 408.
+    pub body_read_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -83,6 +89,7 @@ impl Default for Limits {
         Limits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_batch_events: crate::event::MAX_BATCH_EVENTS,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
         }
     }
 }
@@ -195,6 +202,7 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         signer,
         admin,
         limits: cfg.limits,
+        batch_slots: tokio::sync::Semaphore::new(server::MAX_CONCURRENT_BATCHES),
     });
     let app = server::router(state);
     let (stop, stopped) = oneshot::channel::<()>();

@@ -49,6 +49,10 @@ const MAX_ADMIN_BODY_BYTES: usize = 16 * 1024;
 pub const MAX_ORG_LEN: usize = 128;
 /// Longest sensor `version` / `transport` string recorded per sensor.
 const MAX_SENSOR_INFO_LEN: usize = 64;
+/// Batches read, filtered and written at the same time. Bounds memory (each may hold up to the
+/// body limit plus its parsed form) without costing throughput: past a few, the cores and the
+/// single writer are the limit, and later batches simply wait their turn.
+pub const MAX_CONCURRENT_BATCHES: usize = 16;
 /// Highest batch envelope version understood (DESIGN §4).
 const MAX_BATCH_VERSION: u64 = 2;
 
@@ -57,6 +61,8 @@ pub(crate) struct AppState {
     pub signer: Signer,
     pub admin: AdminSecret,
     pub limits: Limits,
+    /// One permit per batch in progress ([`MAX_CONCURRENT_BATCHES`]).
+    pub batch_slots: tokio::sync::Semaphore,
 }
 
 type Shared = Arc<AppState>;
@@ -169,11 +175,12 @@ fn authenticate_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiEr
 
 /// Reads the body up to `limit` bytes. A declared `Content-Length` over the limit is refused
 /// before a byte is read; a chunked body is cut off as soon as it passes the limit. Either way
-/// the body is never buffered beyond the limit.
+/// the body is never buffered beyond the limit. A body not complete within `timeout` is 408.
 async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
+    timeout: std::time::Duration,
 ) -> Result<bytes::Bytes, ApiError> {
     let too_large = || {
         error(
@@ -188,12 +195,16 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Err(_) => Err(error(
+    match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(_)) => Err(error(
             StatusCode::BAD_REQUEST,
             "request body could not be read",
+        )),
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("request body not received within {timeout:?}"),
         )),
     }
 }
@@ -326,7 +337,20 @@ fn stamp(filtered: Value, key: &KeyRecord, received_at: &str) -> Option<EventRow
 
 async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
     let key = authenticate_sensor(&state, &headers)?;
-    let bytes = read_body(&headers, body, state.limits.max_body_bytes).await?;
+    // The semaphore is never closed, so acquiring only fails if that changes; answer 503 then.
+    let _slot = state.batch_slots.acquire().await.map_err(|_| {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down; retry later",
+        )
+    })?;
+    let bytes = read_body(
+        &headers,
+        body,
+        state.limits.max_body_bytes,
+        state.limits.body_read_timeout,
+    )
+    .await?;
     let max_events = state.limits.max_batch_events;
     let prepared =
         tokio::task::spawn_blocking(move || prepare_batch(&bytes, &key, max_events)).await;
@@ -361,7 +385,13 @@ fn valid_label(s: &str) -> bool {
 
 async fn mint_key(State(state): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
     authenticate_admin(&state, &headers)?;
-    let bytes = read_body(&headers, body, MAX_ADMIN_BODY_BYTES).await?;
+    let bytes = read_body(
+        &headers,
+        body,
+        MAX_ADMIN_BODY_BYTES,
+        state.limits.body_read_timeout,
+    )
+    .await?;
     let req: Value = serde_json::from_slice(&bytes).map_err(|e| {
         error(
             StatusCode::BAD_REQUEST,
