@@ -745,6 +745,41 @@ async fn rollups_count_per_group_and_sum_numeric_fields() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollups_survive_sums_past_the_integer_range() {
+    let ing = start().await;
+    let key = ing.admin.mint("acme", None).await.expect("mint");
+    // Two amounts whose integer sum overflows i64 (SQL SUM() would fail on it), chosen so that
+    // no run of their digits is Luhn-valid: the privacy layer would scrub those as card numbers.
+    let huge: i64 = 9_040_112_794_022_449_183;
+    let check = event(&event_id(1), "a", "action", json!({ "amount_cents": huge }));
+    let kept = bounded_observe_mcp::event::validate_and_filter_event(&check).expect("valid");
+    assert_eq!(kept["rec"]["fields"]["amount_cents"], json!(huge));
+    let events = (1..=2)
+        .map(|i| {
+            event(
+                &event_id(i),
+                "issue_refund",
+                "action",
+                json!({ "amount_cents": huge }),
+            )
+        })
+        .collect();
+    let (status, body) = ing.post(&key.token, &batch(events)).await;
+    assert_eq!(
+        (status, body["accepted"].clone()),
+        (200, json!(2)),
+        "{body}"
+    );
+    let (status, body) = ing.get("/v1/rollups?org=acme", &ing.admin_secret()).await;
+    assert_eq!(status, 200, "{body}");
+    let sum = body["rollups"][0]["sums"]["amount_cents"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(sum > 1.8e19, "{huge}: {body}");
+    ing.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_read_back_newest_first_filtered_and_limited() {
     let ing = start().await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
