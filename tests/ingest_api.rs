@@ -894,6 +894,8 @@ async fn the_sensors_dropped_counter_is_recorded_per_sensor() {
     assert_eq!(get(&a.key_id)["dropped"], 12);
     assert_eq!(get(&a.key_id)["batches"], 2);
     assert_eq!(get(&a.key_id)["accepted"], 1);
+    assert_eq!(get(&a.key_id)["transport"], "stdio");
+    assert!(get(&a.key_id)["lastSeen"].is_string());
     assert_eq!(get(&b.key_id)["dropped"], 0);
     ing.stop().await;
 }

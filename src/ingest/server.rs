@@ -364,16 +364,20 @@ async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body
             ));
         }
     };
+    let (key_id, dropped) = (write.key_id.clone(), write.dropped);
     match state.store.write_batch(write).await.map_err(store_failed)? {
         BatchOutcome::Stored {
             accepted,
             duplicates,
-        } => Ok(Json(json!({
-            "accepted": accepted,
-            "rejected": rejected,
-            "duplicates": duplicates,
-        }))
-        .into_response()),
+        } => {
+            tracing::debug!(key_id = %key_id, accepted, rejected, duplicates, dropped, "Batch stored");
+            Ok(Json(json!({
+                "accepted": accepted,
+                "rejected": rejected,
+                "duplicates": duplicates,
+            }))
+            .into_response())
+        }
         BatchOutcome::KeyRevoked => Err(unauthorized("sensor key revoked")),
     }
 }

@@ -167,7 +167,14 @@ pub struct SensorStats {
     pub key_id: String,
     pub batches: u64,
     pub accepted: u64,
+    /// Sum of the `dropped` counters the sensor reported: events it could not deliver.
     pub dropped: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
+    #[serde(rename = "lastSeen", skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<String>,
 }
 
 enum Job {
@@ -399,7 +406,8 @@ impl Store {
     pub async fn sensors(&self) -> Result<Vec<SensorStats>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare_cached(
-                "SELECT key_id, batches, accepted, dropped FROM sensors ORDER BY key_id",
+                "SELECT key_id, batches, accepted, dropped, version, transport, last_seen
+                 FROM sensors ORDER BY key_id",
             )?;
             let rows = st.query_map([], |r| {
                 Ok(SensorStats {
@@ -407,6 +415,9 @@ impl Store {
                     batches: r.get::<_, i64>(1)?.max(0) as u64,
                     accepted: r.get::<_, i64>(2)?.max(0) as u64,
                     dropped: r.get::<_, i64>(3)?.max(0) as u64,
+                    version: r.get(4)?,
+                    transport: r.get(5)?,
+                    last_seen: r.get(6)?,
                 })
             })?;
             rows.collect()
