@@ -51,7 +51,7 @@ enum Command {
         /// SQLite database file, created on first start; secrets are kept beside it [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
         #[arg(long, value_name = "PATH")]
         db: Option<PathBuf>,
-        /// Log every request outcome
+        /// Log every stored batch (key, accepted, rejected, duplicates, dropped)
         #[arg(long)]
         debug: bool,
     },
