@@ -1058,7 +1058,8 @@ fn cli(args: &[&str], db: &Path, base: &str) -> std::process::Output {
 fn binary_serves_mints_revokes_and_keeps_evidence_across_a_restart() {
     install_tls_provider();
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("evidence.db");
+    // A data directory that does not exist yet is created.
+    let db = dir.path().join("data").join("evidence.db");
     let served = serve(&db);
     assert!(db.exists(), "database created on first start");
     let secret_file = ingest::keys::admin_secret_path(&db);

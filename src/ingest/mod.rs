@@ -133,6 +133,11 @@ pub enum IngestError {
     },
     #[error("database {path} has schema version {found}, which this build does not know")]
     SchemaVersion { path: PathBuf, found: i64 },
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("secret file {path}: {source}")]
     SecretFile {
         path: PathBuf,
@@ -177,6 +182,12 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
     let admin_in = cfg.admin_secret.clone();
     // File and SQLite work: off the async threads.
     let opened = tokio::task::spawn_blocking(move || {
+        if let Some(dir) = db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| IngestError::DataDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
         let signer = keys::Signer::load_or_create(&db_path)?;
         let (admin, source) = keys::AdminSecret::resolve(admin_in.as_deref(), &db_path)?;
         let store = store::Store::open(&db_path)?;

@@ -507,14 +507,13 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<Job>, keys: KeyCache
 
 fn run_group(conn: &mut Connection, jobs: Vec<Job>, keys: &KeyCache) {
     let mut replies = Vec::with_capacity(jobs.len());
-    let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(tx) => tx,
         Err(e) => {
             fail_all(jobs, &e);
             return;
         }
     };
-    let mut tx = tx;
     for job in jobs {
         // One savepoint per job: a failing job is rolled back alone and the rest still commit.
         let sp = match tx.savepoint() {
