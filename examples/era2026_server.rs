@@ -8,6 +8,8 @@
 //!   "round-1"}`; the client retries with a new id, echoing `requestState` and sending
 //!   `inputResponses`; after `rounds` rounds (default 1) the final result comes, with `delay_ms`
 //!   (argument, default 0) slept before it.
+//! * `tools/call crash` → the process exits with code 3 without answering (a server dying
+//!   mid-call).
 //! * anything else with an id → JSON-RPC error −32601.
 //!
 //! Follows the draft's multi round-trip pattern (modelcontextprotocol/modelcontextprotocol,
@@ -84,6 +86,7 @@ fn main() -> std::io::Result<()> {
                 }]}})
             }
             "tools/call" if msg["params"]["name"] == "book_table" => call(&id, &msg["params"]),
+            "tools/call" if msg["params"]["name"] == "crash" => std::process::exit(3),
             _ => {
                 json!({"jsonrpc":"2.0","id":id,"error":{"code":-32601,"message":"Method not found"}})
             }

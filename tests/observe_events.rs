@@ -156,6 +156,11 @@ impl Session {
     /// Closes the client side and waits for the wrapper to exit (killing it after [`WAIT`]).
     fn end(mut self) -> Ended {
         drop(self.stdin.take());
+        self.wait_exit()
+    }
+
+    /// Waits for the wrapper to exit on its own, client side still open.
+    fn wait_exit(mut self) -> Ended {
         let start = Instant::now();
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("try_wait") {
@@ -532,4 +537,242 @@ fn server_name_flag_overrides_server_info() {
     let end = s.end();
     assert_eq!(end.events.len(), 1);
     assert_eq!(end.events[0]["dest"]["host"], "mcp://billing");
+}
+
+#[test]
+fn server_exiting_mid_call_is_502_and_the_exit_code_propagates() {
+    let mut s = Session::start("era2026_server", &[], &[]);
+    let (_, d) = s.request(json!(1), "server/discover", json!({}));
+    assert_eq!(d["result"]["serverInfo"]["name"], "era2026");
+    s.send(json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+                  "params":{"name":"crash","arguments":{}}}));
+    let end = s.wait_exit();
+    assert_eq!(end.status.code(), Some(3), "stderr: {}", end.stderr);
+    assert_eq!(end.events.len(), 1, "{:?}", end.events);
+    assert_eq!(end.events[0]["rec"]["action"], "crash");
+    assert_eq!(end.events[0]["status"], 502);
+    assert_eq!(end.events[0]["err"], json!({"kind": "transport"}));
+}
+
+mod rmcp_client {
+    //! The same wrapper and server, driven by the official Rust SDK's client: its framing, id
+    //! allocation and answers to sampling and elicitation are what a real agent sends.
+    #![allow(deprecated)] // sampling is deprecated in the 2026-07-28 era; this is a 2025 client
+
+    use super::*;
+    use rmcp::model::{
+        CallToolRequestParams, ClientCapabilities, CreateMessageRequestParams, CreateMessageResult,
+        ElicitRequestParams, ElicitResult, ElicitationAction, Implementation,
+        InitializeRequestParams, SamplingMessage,
+    };
+    use rmcp::service::RequestContext;
+    use rmcp::transport::TokioChildProcess;
+    use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+
+    #[derive(Clone)]
+    struct Agent;
+
+    impl ClientHandler for Agent {
+        fn get_info(&self) -> InitializeRequestParams {
+            let caps: ClientCapabilities =
+                serde_json::from_value(json!({"sampling": {}, "elicitation": {}}))
+                    .expect("capabilities");
+            InitializeRequestParams::new(caps, Implementation::new("rmcp-agent", "1.0"))
+        }
+
+        async fn create_message(
+            &self,
+            _params: CreateMessageRequestParams,
+            _context: RequestContext<RoleClient>,
+        ) -> Result<CreateMessageResult, ErrorData> {
+            Ok(CreateMessageResult::new(
+                SamplingMessage::assistant_text("short"),
+                "agent-model".into(),
+            ))
+        }
+
+        async fn create_elicitation(
+            &self,
+            _request: ElicitRequestParams,
+            _context: RequestContext<RoleClient>,
+        ) -> Result<ElicitResult, ErrorData> {
+            Ok(ElicitResult::new(ElicitationAction::Accept).with_content(json!({"confirm": true})))
+        }
+    }
+
+    fn args(v: Value) -> serde_json::Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rmcp_client_session_yields_one_event_per_tools_call() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = dir.path().join("events.jsonl");
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"));
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("BOUNDED_") {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.arg("--ingest")
+            .arg(format!("file:{}", sink.display()))
+            .args(["--flush-ms", "50", "--"])
+            .arg(example("payments_server"));
+        let transport = TokioChildProcess::new(cmd).expect("spawn wrapper");
+        let client = tokio::time::timeout(WAIT, Agent.serve(transport))
+            .await
+            .expect("initialize in time")
+            .expect("initialize");
+        assert_eq!(
+            client
+                .peer_info()
+                .and_then(|i| i.server_info.as_ref().map(|s| s.name.clone())),
+            Some("payments".to_string())
+        );
+        let tools = client.list_all_tools().await.expect("tools/list");
+        assert!(tools.iter().any(|t| t.name == "issue_refund"));
+        let calls = [
+            (
+                "issue_refund",
+                json!({"amount_cents": 4900, "currency": "EUR",
+                       "customer_email": "rmcp.canary@example.com", "reason": "late delivery"}),
+            ),
+            ("void_charge", json!({"charge_id": "ch_2"})),
+            ("confirm_refund", json!({"amount_cents": 100})),
+            ("summarize", json!({"text": "a long text"})),
+        ];
+        for (tool, a) in &calls {
+            let r = tokio::time::timeout(
+                WAIT,
+                client.call_tool(CallToolRequestParams::new(*tool).with_arguments(args(a.clone()))),
+            )
+            .await
+            .expect("answer in time");
+            assert!(r.is_ok(), "{tool}: {r:?}");
+        }
+        let _ = tokio::time::timeout(WAIT, client.cancel()).await;
+        // The wrapper exits after its child; wait for the sink to hold every event.
+        let deadline = Instant::now() + WAIT;
+        let events: Vec<Value> = loop {
+            let file = std::fs::read_to_string(&sink).unwrap_or_default();
+            let events: Vec<Value> = file
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .flat_map(|b| b["events"].as_array().cloned().unwrap_or_default())
+                .collect();
+            if events.len() >= calls.len() || Instant::now() > deadline {
+                assert!(!file.contains("rmcp.canary@example.com"));
+                break events;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(events.len(), calls.len(), "{events:?}");
+        let m = by_action(&events);
+        let refund = one(&m, "issue_refund");
+        assert_eq!(refund["status"], 200);
+        assert_eq!(refund["rec"]["fields"]["amount_cents"], 4900);
+        assert!(refund["rec"]["fields"].get("customer_email").is_none());
+        assert_eq!(refund["session"]["client"], "rmcp-agent");
+        assert!(refund["rec"]["registryVersion"].is_string());
+        assert_eq!(one(&m, "void_charge")["status"], 500);
+        assert_eq!(one(&m, "confirm_refund")["status"], 200);
+        assert_eq!(one(&m, "summarize")["status"], 200);
+    }
+}
+
+#[test]
+fn bad_input_is_counted_with_at_most_one_warning_each_and_relayed_unchanged() {
+    // The stdio fixture's `cat` mode echoes every line, so each message is seen in both
+    // directions: twice the counts, still one warning per kind.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = dir.path().join("events.jsonl");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("BOUNDED_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let mut child = cmd
+        .arg("--ingest")
+        .arg(format!("file:{}", sink.display()))
+        .arg("--debug")
+        .arg("--")
+        .arg(example("stdio_fixture"))
+        .arg("cat")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut input = Vec::new();
+    for i in 0..3 {
+        input.extend_from_slice(format!("not json {i}\n").as_bytes());
+        input.extend_from_slice(
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":{{\"x\":{i}}},\"method\":\"tools/call\"}}\n")
+                .as_bytes(),
+        );
+        input.extend_from_slice(
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{}}}}\n",
+                900 + i
+            )
+            .as_bytes(),
+        );
+    }
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ping\"}\n");
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ping\"}\n");
+    input.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{}}");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = stdout.read_to_end(&mut b);
+        b
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = stderr.read_to_end(&mut b);
+        b
+    });
+    stdin.write_all(&input).expect("write");
+    drop(stdin);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("wrapper did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+    assert_eq!(out.join().unwrap_or_default(), input, "relay unchanged");
+    let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
+    for (needle, n) in [
+        ("A frame is not JSON", 1),
+        ("fields of unexpected types", 1),
+        ("matches no pending request", 1),
+        ("reuses the id of a request still pending", 1),
+    ] {
+        assert_eq!(
+            stderr.matches(needle).count(),
+            n,
+            "{needle:?} in stderr:\n{stderr}"
+        );
+    }
+    // Per direction: 3 non-JSON lines, 3 wrong-typed ids; 3 + 1 unknown-id responses seen as
+    // answers to nothing in each direction (the echo of a response is a response too).
+    for want in [
+        "non_json=6",
+        "malformed=6",
+        "orphan_responses=8",
+        "duplicate_ids=2",
+    ] {
+        assert!(stderr.contains(want), "{want} in stderr:\n{stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(&sink).unwrap_or_default(), "");
 }

@@ -29,6 +29,13 @@
 //!   so neither they nor the client's answers to them are ever taken for a tool result.
 //! * Bad input (non-JSON frames, wrong field types, frames over the cap, duplicate ids, responses
 //!   to unknown ids) is counted in [`ObserverStats`] with at most one warning per kind.
+//! * Order: each relay thread hands its bytes to the tap after forwarding them, so the two
+//!   directions can reach the observer slightly out of order. [`run_tap_observer`] merges them by
+//!   relay timestamp within [`REORDER_HOLD`]; a response that still arrives before its request is
+//!   held for [`EARLY_RESPONSE_GRACE`] before it counts as an orphan.
+//! * Memory: one frame per direction up to the cap (64 MiB), a copy of it while it waits in the
+//!   reorder window, at most [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a
+//!   small record; requests other than `tools/call` are forgotten after the call timeout.
 
 pub mod catalog;
 pub mod correlate;
@@ -87,6 +94,9 @@ pub enum EndCause {
     Transport,
     /// The session ended normally with the call unanswered: 504 `timeout`.
     SessionEnd,
+    /// HTTP: the client closed the response stream the call was to be answered on (in
+    /// 2026-07-28 that is the cancellation): 499 `cancelled`.
+    ClientClosed,
 }
 
 impl EndCause {
@@ -94,6 +104,7 @@ impl EndCause {
         match self {
             EndCause::Transport => Outcome::Transport,
             EndCause::SessionEnd => Outcome::Timeout,
+            EndCause::ClientClosed => Outcome::Cancelled,
         }
     }
 }
@@ -169,9 +180,14 @@ fn opposite(d: Direction) -> Direction {
     }
 }
 
-/// A short single-line string, or nothing.
+/// A short single-line string with nothing the value scrubber would remove, or nothing: what
+/// the builder puts in names, session facts and `onBehalfOf`, so its events pass the L3 filter
+/// unchanged.
 fn clean(s: &str, max: usize) -> Option<String> {
-    let ok = !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control);
+    let ok = !s.is_empty()
+        && s.len() <= max
+        && !s.chars().any(char::is_control)
+        && !crate::event::privacy::contains_sensitive(s);
     ok.then(|| s.to_string())
 }
 
@@ -200,8 +216,13 @@ pub struct Observer<S: EventSink> {
 }
 
 impl<S: EventSink> Observer<S> {
-    pub fn new(cfg: ObserverConfig, sink: S) -> Self {
+    pub fn new(mut cfg: ObserverConfig, sink: S) -> Self {
         let policy = CapturePolicy::new(&cfg.capture);
+        // A `--name` the envelope cannot carry falls back to `serverInfo.name`.
+        cfg.server_name = cfg
+            .server_name
+            .as_deref()
+            .and_then(|n| clean(n, MAX_INFO_LEN));
         Observer {
             cfg,
             sink,
@@ -615,7 +636,12 @@ impl<S: EventSink> Observer<S> {
         let on_behalf_of = meta
             .and_then(|m| lenient_str(&m.on_behalf_of))
             .and_then(|s| clean(s, MAX_INFO_LEN))
-            .or_else(|| self.cfg.on_behalf_of.clone());
+            .or_else(|| {
+                self.cfg
+                    .on_behalf_of
+                    .as_deref()
+                    .and_then(|s| clean(s, MAX_INFO_LEN))
+            });
         let aid = self.next_action;
         self.next_action += 1;
         let action = Action {
@@ -885,13 +911,6 @@ impl<S: EventSink> Observer<S> {
         self.stats.events += 1;
         self.sink.emit(event);
     }
-
-    fn on_split(&mut self, stream: StreamId, dir: Direction, seen: Instant, s: Split<'_>) {
-        match s {
-            Split::Frame(f) => self.on_frame(stream, dir, seen, f),
-            Split::Oversize(n) => self.on_oversize_frame(dir, n),
-        }
-    }
 }
 
 /// The wall-clock time of a monotonic instant in the recent past.
@@ -902,20 +921,97 @@ fn wall_clock(seen: Instant) -> SystemTime {
         .unwrap_or_else(SystemTime::now)
 }
 
+/// How long a frame waits for the other direction before it is observed. Each relay thread
+/// hands its bytes to the tap *after* forwarding them, so a request can reach the channel after
+/// the response it caused (or a 2026-07-28 retry before the `input_required` it answers) when a
+/// thread is preempted between its write and its hand-off. Frames are observed in the order of
+/// their relay timestamps: a frame is released once the other direction has shown a later one,
+/// or after this hold. It delays observation, never the relay.
+pub const REORDER_HOLD: Duration = Duration::from_millis(25);
+
+/// A frame waiting in the reorder window.
+struct Held {
+    seen: Instant,
+    frame: HeldFrame,
+}
+
+enum HeldFrame {
+    Bytes(bytes::Bytes),
+    Oversize(u64),
+}
+
+/// Two per-direction queues merged by relay timestamp (see [`REORDER_HOLD`]).
+#[derive(Default)]
+struct Reorder {
+    queues: [std::collections::VecDeque<Held>; 2],
+    closed: [bool; 2],
+}
+
+impl Reorder {
+    fn push(&mut self, dir: Direction, seen: Instant, s: Split<'_>) {
+        let frame = match s {
+            Split::Frame(f) => HeldFrame::Bytes(bytes::Bytes::copy_from_slice(f)),
+            Split::Oversize(n) => HeldFrame::Oversize(n),
+        };
+        self.queues[dir.index()].push_back(Held { seen, frame });
+    }
+
+    /// Observes every frame that can no longer be overtaken; `drain` observes all.
+    fn release<S: EventSink>(&mut self, obs: &mut Observer<S>, now: Instant, drain: bool) {
+        const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+        loop {
+            let heads = [
+                self.queues[0].front().map(|h| h.seen),
+                self.queues[1].front().map(|h| h.seen),
+            ];
+            let pick = match heads {
+                [Some(a), Some(b)] => Some(if a <= b { 0 } else { 1 }),
+                [Some(a), None] => {
+                    (drain || self.closed[1] || now.saturating_duration_since(a) >= REORDER_HOLD)
+                        .then_some(0)
+                }
+                [None, Some(b)] => {
+                    (drain || self.closed[0] || now.saturating_duration_since(b) >= REORDER_HOLD)
+                        .then_some(1)
+                }
+                [None, None] => None,
+            };
+            let Some(i) = pick else { return };
+            let Some(h) = self.queues[i].pop_front() else {
+                return;
+            };
+            match h.frame {
+                HeldFrame::Bytes(b) => obs.on_frame(StreamId(0), DIRS[i], h.seen, &b),
+                HeldFrame::Oversize(n) => obs.on_oversize_frame(DIRS[i], n),
+            }
+        }
+    }
+
+    /// When the oldest held frame must be released at the latest.
+    fn deadline(&self) -> Option<Instant> {
+        self.queues
+            .iter()
+            .filter_map(|q| q.front().map(|h| h.seen + REORDER_HOLD))
+            .min()
+    }
+}
+
 /// Drives an observer from the stdio tap until both directions close, then returns it
 /// (the caller decides the [`EndCause`] for calls still in flight). Splits each direction into
-/// frames, stamps each frame with the relay time of the chunk that completed it, and checks
-/// call timeouts every [`TICK`].
+/// frames, stamps each frame with the relay time of the chunk that completed it, observes the
+/// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
+/// timeouts every [`TICK`].
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
 ) -> Observer<S> {
-    let stream = StreamId(0);
     let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
     let mut last_seen: [Option<Instant>; 2] = [None, None];
+    let mut reorder = Reorder::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        let hold = reorder.deadline();
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(TapMsg::Chunk(c)) => {
@@ -924,23 +1020,30 @@ pub async fn run_tap_observer<S: EventSink>(
                         observer.on_gap();
                     }
                     last_seen[i] = Some(c.seen);
-                    splitters[i].push(&c.bytes, c.after_gap, |s| {
-                        observer.on_split(stream, c.dir, c.seen, s)
-                    });
+                    splitters[i].push(&c.bytes, c.after_gap, |s| reorder.push(c.dir, c.seen, s));
                 }
                 Some(TapMsg::Closed { dir, seen }) => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
-                    splitters[dir.index()].flush(|s| observer.on_split(stream, dir, at, s));
+                    splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
+                    reorder.closed[dir.index()] = true;
                 }
                 None => break,
             },
+            _ = async {
+                match hold {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
             _ = tick.tick() => observer.on_tick(Instant::now()),
         }
+        reorder.release(&mut observer, Instant::now(), false);
     }
     for dir in [Direction::ClientToServer, Direction::ServerToClient] {
         let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
-        splitters[dir.index()].flush(|s| observer.on_split(stream, dir, at, s));
+        splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
     }
+    reorder.release(&mut observer, Instant::now(), true);
     observer
 }
 
