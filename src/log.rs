@@ -12,7 +12,7 @@ use tracing_subscriber::registry::LookupSpan;
 /// Prefix of every line the wrapper writes (DESIGN §2 invariant 1).
 pub const PREFIX: &str = "[observe-mcp]";
 
-struct Prefixed;
+struct Prefixed(&'static str);
 
 impl<S, N> FormatEvent<S, N> for Prefixed
 where
@@ -26,10 +26,11 @@ where
         event: &Event<'_>,
     ) -> fmt::Result {
         let level = *event.metadata().level();
+        let prefix = self.0;
         if level == Level::INFO {
-            write!(writer, "{PREFIX} ")?;
+            write!(writer, "{prefix} ")?;
         } else {
-            write!(writer, "{PREFIX} {}: ", level.as_str().to_ascii_lowercase())?;
+            write!(writer, "{prefix} {}: ", level.as_str().to_ascii_lowercase())?;
         }
         ctx.field_format().format_fields(writer.by_ref(), event)?;
         writeln!(writer)
@@ -38,11 +39,16 @@ where
 
 /// Installs the stderr subscriber. A parent CLI that installed its own keeps it.
 pub fn init(debug: bool) {
+    init_with_prefix(PREFIX, debug);
+}
+
+/// Same as [`init`] with another prefix: the `bounded-ingest` binary writes `[bounded-ingest]`.
+pub fn init_with_prefix(prefix: &'static str, debug: bool) {
     let level = if debug { Level::DEBUG } else { Level::INFO };
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(level)
         .with_ansi(false)
-        .event_format(Prefixed)
+        .event_format(Prefixed(prefix))
         .try_init();
 }

@@ -1,6 +1,254 @@
-//! `bounded-ingest`: the reference ingest. NOT YET BUILT (issue 5).
+//! `bounded-ingest`: the reference ingest (DESIGN §7).
+//!
+//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db]` runs the ingest until SIGINT or
+//!   SIGTERM. It prints `[bounded-ingest] listening http://<addr>` on stderr once bound (with
+//!   `--listen 127.0.0.1:0`, that line tells the chosen port).
+//! * `mint --org ORG [--name N]` prints the new sensor token on stdout (key id on stderr), or
+//!   the whole answer as JSON with `--json`.
+//! * `revoke KEY_ID` revokes a key.
+//!
+//! `mint` and `revoke` are thin clients of the admin API at `--ingest` / `BOUNDED_INGEST_BASE`,
+//! authenticated with `BOUNDED_INGEST_ADMIN_SECRET`, else with the `<db>.admin-secret` file that
+//! `serve` generated beside the database (found through `--db` / `BOUNDED_INGEST_DB`).
+//!
+//! Exit codes: 0 success, 1 failure (cannot start, ingest unreachable or refused), 2 usage.
 
-fn main() -> std::process::ExitCode {
-    eprintln!("bounded-ingest: not built yet");
-    std::process::ExitCode::from(2)
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use bounded_observe_mcp::ingest::{
+    self, keys, AdminClient, AdminSecretSource, IngestConfig, DEFAULT_DB_PATH, DEFAULT_LISTEN,
+    ENV_ADMIN_SECRET, ENV_DB, ENV_INGEST_BASE, ENV_LISTEN,
+};
+
+/// Prefix of every diagnostic line.
+const PREFIX: &str = "[bounded-ingest]";
+/// Default ingest for `mint` / `revoke`, the same as the sensor's.
+const DEFAULT_INGEST_BASE: &str = bounded_observe_mcp::config::DEFAULT_INGEST;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bounded-ingest",
+    version,
+    about = "Reference ingest for bounded-observe-mcp: sensor keys, an embedded store, rollups and evidence read-back"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the ingest
+    Serve {
+        /// Address to listen on; port 0 picks a free port (printed on stderr) [env: BOUNDED_INGEST_LISTEN] [default: 127.0.0.1:7361]
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+        /// SQLite database file, created on first start; secrets are kept beside it [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
+        #[arg(long, value_name = "PATH")]
+        db: Option<PathBuf>,
+        /// Log every stored batch (key, accepted, rejected, duplicates, dropped)
+        #[arg(long)]
+        debug: bool,
+    },
+    /// Mint a sensor key for an org and print its token
+    Mint {
+        /// Organisation the key's events are stamped with
+        #[arg(long)]
+        org: String,
+        /// Human-readable key name
+        #[arg(long)]
+        name: Option<String>,
+        /// Print `{keyId, token, org, name}` as JSON instead of the bare token
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Revoke a sensor key: its next batch is refused
+    Revoke {
+        /// The key id (`k_…`), as printed by `mint`
+        key_id: String,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct AdminArgs {
+    /// Ingest base URL [env: BOUNDED_INGEST_BASE] [default: http://127.0.0.1:7361]
+    #[arg(long, value_name = "URL")]
+    ingest: Option<String>,
+    /// Database whose `<db>.admin-secret` file is read when BOUNDED_INGEST_ADMIN_SECRET is unset [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
+    #[arg(long, value_name = "PATH")]
+    db: Option<PathBuf>,
+}
+
+/// The flag, else the environment variable, else the default.
+fn flag_or_env(flag: Option<String>, env: &str, default: &str) -> String {
+    flag.or_else(|| std::env::var(env).ok().filter(|v| !v.trim().is_empty()))
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn db_path(flag: Option<PathBuf>) -> PathBuf {
+    flag.unwrap_or_else(|| PathBuf::from(flag_or_env(None, ENV_DB, DEFAULT_DB_PATH)))
+}
+
+impl AdminArgs {
+    fn client(&self) -> anyhow::Result<AdminClient> {
+        let base = flag_or_env(self.ingest.clone(), ENV_INGEST_BASE, DEFAULT_INGEST_BASE);
+        let db = db_path(self.db.clone());
+        let secret = match std::env::var(ENV_ADMIN_SECRET) {
+            Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
+            _ => {
+                let path = keys::admin_secret_path(&db);
+                std::fs::read_to_string(&path)
+                    .map(|s| s.trim().to_string())
+                    .with_context(|| {
+                        format!(
+                            "no admin secret: set {ENV_ADMIN_SECRET}, or run from where `serve` keeps {}",
+                            path.display()
+                        )
+                    })?
+            }
+        };
+        Ok(AdminClient::new(&base, &secret)?)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let debug = matches!(cli.command, Command::Serve { debug: true, .. });
+    bounded_observe_mcp::log::init_with_prefix(PREFIX, debug);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("bounded-ingest")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{PREFIX} error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{PREFIX} error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Serve { listen, db, .. } => {
+            let listen = match listen {
+                Some(l) => l,
+                None => match std::env::var(ENV_LISTEN) {
+                    Ok(v) if !v.trim().is_empty() => v.trim().parse().with_context(|| {
+                        format!("{ENV_LISTEN}={v:?} is not an address like 127.0.0.1:7361")
+                    })?,
+                    _ => DEFAULT_LISTEN,
+                },
+            };
+            serve(listen, db_path(db)).await
+        }
+        Command::Mint {
+            org,
+            name,
+            json,
+            admin,
+        } => {
+            let key = admin.client()?.mint(&org, name.as_deref()).await?;
+            if json {
+                let mut v =
+                    serde_json::json!({ "keyId": key.key_id, "token": key.token, "org": key.org });
+                if let Some(n) = &key.name {
+                    v["name"] = serde_json::Value::String(n.clone());
+                }
+                println!("{v}");
+            } else {
+                eprintln!("{PREFIX} minted key {} for org {}", key.key_id, key.org);
+                println!("{}", key.token);
+            }
+            Ok(())
+        }
+        Command::Revoke { key_id, admin } => {
+            admin.client()?.revoke(&key_id).await?;
+            eprintln!("{PREFIX} revoked key {key_id}");
+            Ok(())
+        }
+    }
+}
+
+async fn serve(listen: SocketAddr, db: PathBuf) -> anyhow::Result<()> {
+    let mut cfg = IngestConfig::new(listen, &db);
+    cfg.admin_secret = std::env::var(ENV_ADMIN_SECRET)
+        .ok()
+        .filter(|s| !s.trim().is_empty());
+    let running = ingest::start(cfg).await?;
+    match running.admin_secret_source() {
+        AdminSecretSource::Provided => {
+            tracing::info!("Admin secret from {ENV_ADMIN_SECRET}");
+        }
+        AdminSecretSource::File { path, created } => {
+            let verb = if *created {
+                "generated into"
+            } else {
+                "read from"
+            };
+            tracing::info!(
+                "Admin secret {verb} {} (set {ENV_ADMIN_SECRET} to choose one)",
+                path.display()
+            );
+        }
+    }
+    tracing::info!(
+        "Database {} (WAL, synchronous=FULL); signing key {}",
+        db.display(),
+        keys::signing_secret_path(&db).display()
+    );
+    // The line scripts and tests wait for; keep its shape.
+    tracing::info!("listening {}", running.base_url());
+    wait_for_signal().await;
+    tracing::info!("Shutting down");
+    running.shutdown().await?;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -1,3 +1,286 @@
-//! The reference ingest (DESIGN §6, §7): its own binary, `bounded-ingest`.
+//! The reference ingest (DESIGN §6, §7): the `bounded-ingest` binary, also embeddable.
 //!
-//! NOT YET BUILT (issue 5).
+//! Owns the ingest's life cycle: open the store, load the secrets, bind, serve, shut down.
+//! Goes in: an [`IngestConfig`]. Comes out: a [`RunningIngest`] that knows its bound address and
+//! admin secret, and stops on [`RunningIngest::shutdown`]. It is apart from the sensor's data
+//! path: nothing in the sensor calls into it, and it never reads `std::env` (the binary does).
+//!
+//! * [`server`]: the HTTP routes and status codes.
+//! * [`store`]: SQLite (WAL, `synchronous=FULL`, one writer thread with group commit).
+//! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
+//! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
+//!
+//! Files: the database at [`IngestConfig::db_path`] (default [`DEFAULT_DB_PATH`]), plus beside it
+//! `<db>.signing-key` (the token signing secret; losing it invalidates every token) and, when no
+//! admin secret is given, `<db>.admin-secret`. Both are created owner-only (0600).
+//!
+//! Embedding (e.g. a first-run demo):
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use bounded_observe_mcp::ingest::{self, IngestConfig};
+//! let dir = std::env::temp_dir().join("bounded-demo");
+//! std::fs::create_dir_all(&dir)?;
+//! let running = ingest::start(IngestConfig::ephemeral(dir.join("ingest.db"))).await?;
+//! let admin = running.admin_client()?;
+//! let key = admin.mint("acme", Some("demo")).await?;
+//! // … run the sensor with --ingest running.base_url() --token key.token …
+//! let rollups = admin.rollups(Some("acme")).await?;
+//! running.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod admin;
+pub mod keys;
+pub mod server;
+pub mod store;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+pub use admin::{AdminClient, AdminError, MintedKey};
+pub use keys::AdminSecretSource;
+
+/// Default listen address; also the sensor's default `--ingest` (DESIGN §7).
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_PORT);
+/// DESIGN §3 / §7.
+pub const DEFAULT_PORT: u16 = 7361;
+/// Default database: a file in the working directory, so `bounded-ingest serve` and
+/// `bounded-ingest mint` run from the same directory find the same database and admin secret.
+pub const DEFAULT_DB_PATH: &str = "bounded-ingest.db";
+
+/// Env: the admin secret (serve, mint, revoke). When unset, `serve` generates one beside the DB.
+pub const ENV_ADMIN_SECRET: &str = "BOUNDED_INGEST_ADMIN_SECRET";
+/// Env: the ingest base URL for `mint` / `revoke` (the same variable the sensor reads).
+pub const ENV_INGEST_BASE: &str = "BOUNDED_INGEST_BASE";
+/// Env: the database path for `serve` (and for finding the admin-secret file in `mint`/`revoke`).
+pub const ENV_DB: &str = "BOUNDED_INGEST_DB";
+/// Env: the listen address for `serve`.
+pub const ENV_LISTEN: &str = "BOUNDED_INGEST_LISTEN";
+
+/// Largest `POST /v1/events` body. A real 500-event batch is a few hundred KB; 4 MiB leaves
+/// room for events near the capture limits while bounding what one request can make us hold.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// How long a client may take to send a body. A sensor posts a few hundred KB at once; a body
+/// trickling in slower than this is holding a batch slot for nothing.
+pub const DEFAULT_BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long shutdown waits for requests in flight before cutting them off.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Request limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Body over this → 413 (checked against `Content-Length` before reading, and while reading).
+    pub max_body_bytes: usize,
+    /// A batch with more events → 413 (DESIGN §4: batches hold at most 500).
+    pub max_batch_events: usize,
+    /// A body not fully received within this → 408.
+    pub body_read_timeout: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_batch_events: crate::event::MAX_BATCH_EVENTS,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+        }
+    }
+}
+
+/// Everything `start` needs.
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// Where to listen; port 0 picks a free port (see [`RunningIngest::addr`]).
+    pub listen: SocketAddr,
+    /// The SQLite file; created with its schema on first start.
+    pub db_path: PathBuf,
+    /// The admin secret; `None` reads or generates `<db>.admin-secret`.
+    pub admin_secret: Option<String>,
+    pub limits: Limits,
+}
+
+impl IngestConfig {
+    pub fn new(listen: SocketAddr, db_path: impl Into<PathBuf>) -> Self {
+        IngestConfig {
+            listen,
+            db_path: db_path.into(),
+            admin_secret: None,
+            limits: Limits::default(),
+        }
+    }
+
+    /// On 127.0.0.1 with a free port chosen by the OS: for demos and tests.
+    pub fn ephemeral(db_path: impl Into<PathBuf>) -> Self {
+        IngestConfig::new(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0), db_path)
+    }
+}
+
+/// Why the ingest could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IngestError {
+    #[error("database {path}: {source}")]
+    Store {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("database {path} has schema version {found}, which this build does not know")]
+    SchemaVersion { path: PathBuf, found: i64 },
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("secret file {path}: {source}")]
+    SecretFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("secret file {path} is malformed; restore it from a backup (a new one would invalidate every token)")]
+    SecretMalformed { path: PathBuf },
+    #[error(
+        "admin secret from {ENV_ADMIN_SECRET} is shorter than {} characters",
+        keys::MIN_ADMIN_SECRET_LEN
+    )]
+    WeakAdminSecret,
+    #[error("the system random number generator is unavailable")]
+    Rng,
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start the store writer thread: {source}")]
+    Thread { source: std::io::Error },
+    #[error("the server stopped with an error: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A started ingest. Dropping it without [`RunningIngest::shutdown`] leaves the server running
+/// on the runtime until the runtime stops.
+pub struct RunningIngest {
+    addr: SocketAddr,
+    admin_secret: String,
+    admin_source: AdminSecretSource,
+    db_path: PathBuf,
+    store: Arc<store::Store>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Opens the store, loads (or creates) the secrets, binds and starts serving on the current
+/// tokio runtime. Returns once the socket is bound, so `addr()` is ready to use.
+pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
+    let db_path = cfg.db_path.clone();
+    let admin_in = cfg.admin_secret.clone();
+    // File and SQLite work: off the async threads.
+    let opened = tokio::task::spawn_blocking(move || {
+        if let Some(dir) = db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| IngestError::DataDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        let signer = keys::Signer::load_or_create(&db_path)?;
+        let (admin, source) = keys::AdminSecret::resolve(admin_in.as_deref(), &db_path)?;
+        let store = store::Store::open(&db_path)?;
+        Ok::<_, IngestError>((signer, admin, source, store))
+    })
+    .await
+    .map_err(|e| IngestError::Serve(std::io::Error::other(e.to_string())))?;
+    let (signer, admin, admin_source, store) = opened?;
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| IngestError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| IngestError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let admin_secret = admin.expose().to_string();
+    let state = Arc::new(server::AppState {
+        store: store.clone(),
+        signer,
+        admin,
+        limits: cfg.limits,
+        batch_slots: tokio::sync::Semaphore::new(server::MAX_CONCURRENT_BATCHES),
+    });
+    let app = server::router(state);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(RunningIngest {
+        addr,
+        admin_secret,
+        admin_source,
+        db_path: cfg.db_path,
+        store,
+        stop: Some(stop),
+        task,
+    })
+}
+
+impl RunningIngest {
+    /// The bound address (the real port when port 0 was asked for).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`: what to pass as the sensor's `--ingest`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The admin secret in force (given, or read from / generated into the file).
+    pub fn admin_secret(&self) -> &str {
+        &self.admin_secret
+    }
+
+    /// Where the admin secret came from.
+    pub fn admin_secret_source(&self) -> &AdminSecretSource {
+        &self.admin_source
+    }
+
+    pub fn db_path(&self) -> &Path {
+        &self.db_path
+    }
+
+    /// An admin client bound to this ingest.
+    pub fn admin_client(&self) -> Result<AdminClient, AdminError> {
+        AdminClient::new(&self.base_url(), &self.admin_secret)
+    }
+
+    /// Stops accepting, lets requests in flight finish (their commits included), stops the
+    /// writer and closes the database.
+    pub async fn shutdown(mut self) -> Result<(), IngestError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let served = tokio::time::timeout(SHUTDOWN_GRACE, &mut self.task).await;
+        if served.is_err() {
+            // A client holding a request open past the grace period: cut it off.
+            self.task.abort();
+        }
+        self.store.close().await;
+        match served {
+            Ok(Ok(Ok(()))) | Err(_) => Ok(()),
+            Ok(Ok(Err(e))) => Err(IngestError::Serve(e)),
+            Ok(Err(e)) => Err(IngestError::Serve(std::io::Error::other(e.to_string()))),
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Sensor keys and the admin secret (DESIGN §6): minting, signing and constant-time checks.
+//!
+//! Owns the ingest's signing secret (32 random bytes, persisted beside the database so tokens
+//! survive a restart), the token signature `base64url(HMAC-SHA256(secret, "obs1.<keyId>"))`, and
+//! the admin secret check. Goes in: a parsed [`SensorToken`] or a presented admin secret. Comes
+//! out: yes or no. It never compares a secret with `==` (every check is `ring::hmac::verify`,
+//! constant time), never logs a secret, and never regenerates a secret file it cannot read (that
+//! would silently invalidate every token in the field).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use ring::hmac;
+use ring::rand::{SecureRandom, SystemRandom};
+
+use super::IngestError;
+use crate::token::{SensorToken, TOKEN_PREFIX};
+
+/// Signing secret length: the HMAC-SHA256 block-size-independent recommendation (= output size).
+const SIGNING_SECRET_BYTES: usize = 32;
+/// Random bytes in a key id: 80 bits is plenty for ids that are looked up, not guessed (the
+/// signature is what cannot be guessed); hex keeps ids free of a leading `-` that a CLI would
+/// take for a flag.
+const KEY_ID_RANDOM_BYTES: usize = 10;
+/// Prefix of minted key ids, so a key id is recognisable in logs and evidence.
+pub const KEY_ID_PREFIX: &str = "k_";
+/// Random bytes in a generated admin secret (256 bits).
+const ADMIN_SECRET_BYTES: usize = 32;
+/// Prefix of generated admin secrets: never `obs1.`, so one can never parse as a sensor token.
+const ADMIN_SECRET_PREFIX: &str = "adm_";
+/// Shortest admin secret accepted from the environment; anything shorter is guessable.
+pub const MIN_ADMIN_SECRET_LEN: usize = 16;
+
+/// The file beside `db` that holds the signing secret.
+pub fn signing_secret_path(db: &Path) -> PathBuf {
+    beside(db, "signing-key")
+}
+
+/// The file beside `db` that holds a generated admin secret.
+pub fn admin_secret_path(db: &Path) -> PathBuf {
+    beside(db, "admin-secret")
+}
+
+fn beside(db: &Path, suffix: &str) -> PathBuf {
+    let mut name = db
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_else(|| "bounded-ingest.db".into());
+    name.push(".");
+    name.push(suffix);
+    db.with_file_name(name)
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N], IngestError> {
+    let mut b = [0u8; N];
+    SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| IngestError::Rng)?;
+    Ok(b)
+}
+
+/// A fresh key id: `k_` + 20 lower-case hex digits (fits `SensorToken`'s keyId rules).
+pub fn new_key_id() -> Result<String, IngestError> {
+    let b = random_bytes::<KEY_ID_RANDOM_BYTES>()?;
+    let mut id = String::from(KEY_ID_PREFIX);
+    for x in b {
+        id.push_str(&format!("{x:02x}"));
+    }
+    Ok(id)
+}
+
+/// Writes `contents` to a new file readable by the owner only. Fails if the file exists, so two
+/// processes starting at once cannot each write a different secret.
+fn write_secret_file(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut opts = fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(path)?;
+    f.write_all(contents.as_bytes())?;
+    f.write_all(b"\n")?;
+    f.sync_all()
+}
+
+/// Reads a secret file, or creates it with `generate()` when it does not exist yet.
+/// Returns the secret text and whether it was created now.
+fn load_or_create_secret(
+    path: &Path,
+    generate: impl FnOnce() -> Result<String, IngestError>,
+) -> Result<(String, bool), IngestError> {
+    let io_err = |source| IngestError::SecretFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    match fs::read_to_string(path) {
+        Ok(s) => Ok((s.trim().to_string(), false)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let secret = generate()?;
+            match write_secret_file(path, &secret) {
+                Ok(()) => Ok((secret, true)),
+                // Lost a race with another process: use what it wrote.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let s = fs::read_to_string(path).map_err(io_err)?;
+                    Ok((s.trim().to_string(), false))
+                }
+                Err(e) => Err(io_err(e)),
+            }
+        }
+        Err(e) => Err(io_err(e)),
+    }
+}
+
+/// Signs and verifies sensor tokens with the ingest's persisted secret.
+pub struct Signer {
+    key: hmac::Key,
+}
+
+impl Signer {
+    /// Loads the signing secret beside `db`, creating it on first start.
+    pub fn load_or_create(db: &Path) -> Result<Self, IngestError> {
+        let path = signing_secret_path(db);
+        let (text, _) = load_or_create_secret(&path, || {
+            Ok(URL_SAFE_NO_PAD.encode(random_bytes::<SIGNING_SECRET_BYTES>()?))
+        })?;
+        let secret = URL_SAFE_NO_PAD
+            .decode(text.as_bytes())
+            .ok()
+            .filter(|s| s.len() == SIGNING_SECRET_BYTES)
+            .ok_or(IngestError::SecretMalformed { path })?;
+        Ok(Signer::from_secret(&secret))
+    }
+
+    /// A signer over raw secret bytes (tests, embedding).
+    pub fn from_secret(secret: &[u8]) -> Self {
+        Signer {
+            key: hmac::Key::new(hmac::HMAC_SHA256, secret),
+        }
+    }
+
+    /// The full token for `key_id`: `obs1.<keyId>.<sig>`.
+    pub fn token_for(&self, key_id: &str) -> String {
+        let signed = format!("{TOKEN_PREFIX}.{key_id}");
+        let tag = hmac::sign(&self.key, signed.as_bytes());
+        format!("{signed}.{}", URL_SAFE_NO_PAD.encode(tag.as_ref()))
+    }
+
+    /// True when the token's signature is ours. Constant time in the signature's contents.
+    pub fn verify(&self, token: &SensorToken) -> bool {
+        let Ok(sig) = URL_SAFE_NO_PAD.decode(token.signature().as_bytes()) else {
+            return false;
+        };
+        hmac::verify(&self.key, token.signed_part().as_bytes(), &sig).is_ok()
+    }
+}
+
+/// Where the admin secret came from, for the startup message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminSecretSource {
+    /// Given by the embedder or `BOUNDED_INGEST_ADMIN_SECRET`.
+    Provided,
+    /// Read from, or generated into, this file beside the database.
+    File { path: PathBuf, created: bool },
+}
+
+/// The admin secret, kept as an HMAC tag under a per-process random key so that checking a
+/// presented secret is `hmac::verify` (constant time, and independent of the secret's length).
+pub struct AdminSecret {
+    key: hmac::Key,
+    tag: hmac::Tag,
+    text: String,
+}
+
+impl AdminSecret {
+    /// Uses `provided` (must be at least [`MIN_ADMIN_SECRET_LEN`] characters), else the file
+    /// beside `db`, generating it on first start.
+    pub fn resolve(
+        provided: Option<&str>,
+        db: &Path,
+    ) -> Result<(Self, AdminSecretSource), IngestError> {
+        if let Some(p) = provided {
+            let p = p.trim();
+            if p.len() < MIN_ADMIN_SECRET_LEN {
+                return Err(IngestError::WeakAdminSecret);
+            }
+            return Ok((AdminSecret::new(p)?, AdminSecretSource::Provided));
+        }
+        let path = admin_secret_path(db);
+        let (text, created) = load_or_create_secret(&path, || {
+            Ok(format!(
+                "{ADMIN_SECRET_PREFIX}{}",
+                URL_SAFE_NO_PAD.encode(random_bytes::<ADMIN_SECRET_BYTES>()?)
+            ))
+        })?;
+        if text.len() < MIN_ADMIN_SECRET_LEN {
+            return Err(IngestError::SecretMalformed { path });
+        }
+        Ok((
+            AdminSecret::new(&text)?,
+            AdminSecretSource::File { path, created },
+        ))
+    }
+
+    fn new(text: &str) -> Result<Self, IngestError> {
+        let key = hmac::Key::new(hmac::HMAC_SHA256, &random_bytes::<32>()?);
+        let tag = hmac::sign(&key, text.as_bytes());
+        Ok(AdminSecret {
+            key,
+            tag,
+            text: text.to_string(),
+        })
+    }
+
+    /// True when `presented` is the admin secret. Constant time.
+    pub fn verify(&self, presented: &str) -> bool {
+        hmac::verify(&self.key, presented.as_bytes(), self.tag.as_ref()).is_ok()
+    }
+
+    /// The secret itself, for the embedder that needs to call the admin API.
+    pub fn expose(&self) -> &str {
+        &self.text
+    }
+}
+
+impl std::fmt::Debug for AdminSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminSecret(<redacted>)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_token_verifies_and_a_forged_one_does_not() {
+        let s = Signer::from_secret(&[7u8; 32]);
+        let other = Signer::from_secret(&[8u8; 32]);
+        let id = new_key_id().expect("rng");
+        let tok = SensorToken::parse(&s.token_for(&id)).expect("shape");
+        assert_eq!(tok.key_id(), id);
+        assert!(s.verify(&tok));
+        assert!(!other.verify(&tok));
+        // Same signature moved onto another key id.
+        let moved = format!("obs1.k_other.{}", tok.signature());
+        assert!(!s.verify(&SensorToken::parse(&moved).expect("shape")));
+        // A truncated signature.
+        let sig = tok.signature();
+        let cut = format!("obs1.{id}.{}", &sig[..sig.len() - 2]);
+        assert!(!s.verify(&SensorToken::parse(&cut).expect("shape")));
+    }
+
+    #[test]
+    fn signing_secret_survives_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        let a = Signer::load_or_create(&db).expect("create");
+        let b = Signer::load_or_create(&db).expect("reload");
+        let tok = SensorToken::parse(&a.token_for("k_1")).expect("shape");
+        assert!(b.verify(&tok));
+        assert!(signing_secret_path(&db).ends_with("x.db.signing-key"));
+    }
+
+    #[test]
+    fn malformed_signing_secret_is_an_error_not_a_new_secret() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        fs::write(signing_secret_path(&db), "not base64 !!").expect("write");
+        assert!(matches!(
+            Signer::load_or_create(&db),
+            Err(IngestError::SecretMalformed { .. })
+        ));
+    }
+
+    #[test]
+    fn admin_secret_checks_exact_value() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        let (a, src) = AdminSecret::resolve(None, &db).expect("generate");
+        assert!(matches!(src, AdminSecretSource::File { created: true, .. }));
+        assert!(a.verify(a.expose()));
+        assert!(!a.verify(""));
+        assert!(!a.verify(&a.expose()[1..]));
+        assert!(!format!("{a:?}").contains(a.expose()));
+        let (b, src) = AdminSecret::resolve(None, &db).expect("reload");
+        assert!(matches!(
+            src,
+            AdminSecretSource::File { created: false, .. }
+        ));
+        assert_eq!(a.expose(), b.expose());
+        assert!(matches!(
+            AdminSecret::resolve(Some("short"), &db),
+            Err(IngestError::WeakAdminSecret)
+        ));
+    }
+}
