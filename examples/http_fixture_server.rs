@@ -329,7 +329,10 @@ fn raw_router() -> Router {
     Router::new()
         .route("/mcp", post(raw_mcp))
         .route("/headers", any(raw_headers))
-        .route("/upload", post(raw_upload))
+        .route(
+            "/upload",
+            post(raw_upload).layer(axum::extract::DefaultBodyLimit::max(64 * 1024 * 1024)),
+        )
         .route("/slow-upload", post(raw_slow_upload))
         .route("/gzip", get(raw_gzip))
         .route("/big", get(raw_big_download))
