@@ -1,18 +1,611 @@
-//! L3: `validate_and_filter_event`, the one filter both the sensor and the ingest run (DESIGN §4).
+//! L3: [`validate_and_filter_event`], the one schema filter both the sensor (before sending) and
+//! the ingest (on receipt) run (DESIGN §4, §5).
 //!
-//! NOT YET BUILT (issue 3): currently passes nothing through.
+//! Goes in: any JSON value claiming to be an event. Comes out: a *new* value built only from the
+//! fields the envelope defines, each type-checked and bounded, with `rec.fields` re-run through
+//! L2 (PII key denylist) and L4 (value scrubber) — but not through the capture allow-set, which
+//! only the sensor knows (`--capture`). The output always validates against
+//! `schema/event.v2.schema.json`; a test proves it over generated events. A v1 envelope keeps its
+//! `v` and loses `rec.fields`, with no other branching. It never copies an unknown field, never
+//! logs a value, and never panics on hostile input.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
+use super::privacy;
+
+/// The envelope version this build produces (DESIGN §4).
 pub const EVENT_SCHEMA_VERSION: u32 = 2;
+
+/// Oldest envelope still accepted; its `rec.fields` are stripped.
+pub const EVENT_SCHEMA_V1: u32 = 1;
+
+/// The event schema, compiled in so the ingest and tests need no file at run time.
+pub const EVENT_SCHEMA_JSON: &str = include_str!("../../schema/event.v2.schema.json");
+/// The batch schema (refers to the event schema as `event.v2.schema.json`).
+pub const BATCH_SCHEMA_JSON: &str = include_str!("../../schema/batch.v2.schema.json");
+
+/// Longest free-form metadata string (tool name, host, actor id, session fields). Matches
+/// `$defs/text` in the schema.
+pub const MAX_TEXT_LEN: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FilterError {
+    /// The event cannot be repaired: a required field is missing or of the wrong type. The
+    /// message names the field, never its value.
     #[error("event is not valid: {0}")]
     Invalid(String),
 }
 
-pub fn validate_and_filter_event(_event: &Value) -> Result<Value, FilterError> {
-    Err(FilterError::Invalid("filter not built yet".into()))
+fn invalid(field: &str, why: &str) -> FilterError {
+    FilterError::Invalid(format!("{field}: {why}"))
+}
+
+fn obj<'a>(v: &'a Value, field: &str) -> Result<&'a Map<String, Value>, FilterError> {
+    v.as_object().ok_or_else(|| invalid(field, "not an object"))
+}
+
+fn get<'a>(m: &'a Map<String, Value>, key: &str, field: &str) -> Result<&'a Value, FilterError> {
+    m.get(key).ok_or_else(|| invalid(field, "missing"))
+}
+
+/// A short single-line string (`$defs/text`).
+fn text(v: &Value, field: &str, non_empty: bool) -> Result<String, FilterError> {
+    let s = v.as_str().ok_or_else(|| invalid(field, "not a string"))?;
+    if s.len() > MAX_TEXT_LEN {
+        return Err(invalid(field, "too long"));
+    }
+    if non_empty && s.is_empty() {
+        return Err(invalid(field, "empty"));
+    }
+    if s.chars().any(|c| c.is_ascii_control()) {
+        return Err(invalid(field, "control characters"));
+    }
+    Ok(s.to_string())
+}
+
+/// A string of 1..=max characters all satisfying `ok`.
+fn token(
+    v: &Value,
+    field: &str,
+    max: usize,
+    min: usize,
+    ok: impl Fn(char) -> bool,
+) -> Result<String, FilterError> {
+    let s = v.as_str().ok_or_else(|| invalid(field, "not a string"))?;
+    if s.len() < min || s.len() > max || !s.chars().all(ok) {
+        return Err(invalid(field, "bad format"));
+    }
+    Ok(s.to_string())
+}
+
+fn uint(v: &Value, field: &str) -> Result<u64, FilterError> {
+    v.as_u64()
+        .ok_or_else(|| invalid(field, "not a non-negative integer"))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`, a real instant (the schema's `ts` pattern).
+fn timestamp(v: &Value) -> Result<String, FilterError> {
+    let s = v.as_str().ok_or_else(|| invalid("ts", "not a string"))?;
+    let b = s.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
+    let shape = s.len() <= 40
+        && digits(0..4)
+        && b.get(4) == Some(&b'-')
+        && digits(5..7)
+        && b.get(7) == Some(&b'-')
+        && digits(8..10)
+        && b.get(10) == Some(&b'T')
+        && digits(11..13)
+        && b.get(13) == Some(&b':')
+        && digits(14..16)
+        && b.get(16) == Some(&b':')
+        && digits(17..19);
+    if !shape {
+        return Err(invalid("ts", "not RFC 3339"));
+    }
+    let mut rest = &s[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 || n > 9 {
+            return Err(invalid("ts", "not RFC 3339"));
+        }
+        rest = &frac[n..];
+    }
+    let zone_ok = rest == "Z"
+        || (rest.len() == 6
+            && (rest.starts_with('+') || rest.starts_with('-'))
+            && rest.as_bytes()[3] == b':'
+            && rest[1..3].bytes().all(|c| c.is_ascii_digit())
+            && rest[4..6].bytes().all(|c| c.is_ascii_digit()));
+    if !zone_ok {
+        return Err(invalid("ts", "not RFC 3339"));
+    }
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .map_err(|_| invalid("ts", "not a valid instant"))?;
+    Ok(s.to_string())
+}
+
+fn filter_fields(v: &Value) -> Result<Map<String, Value>, FilterError> {
+    let m = obj(v, "rec.fields")?;
+    let mut out = Map::new();
+    for (k, val) in m {
+        if out.len() >= privacy::MAX_FIELDS {
+            break;
+        }
+        if let Some(kept) = privacy::scrub_field(k, val) {
+            out.insert(k.clone(), kept);
+        }
+    }
+    Ok(out)
+}
+
+/// The L3 filter. See the module docs.
+pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
+    let e = obj(event, "event")?;
+    let mut out = Map::new();
+
+    let v = uint(get(e, "v", "v")?, "v")?;
+    if v != u64::from(EVENT_SCHEMA_VERSION) && v != u64::from(EVENT_SCHEMA_V1) {
+        return Err(invalid("v", "unsupported envelope version"));
+    }
+    out.insert("v".into(), Value::from(v));
+
+    let id = token(get(e, "id", "id")?, "id", 64, 8, |c| {
+        c.is_ascii_alphanumeric() || c == '-' || c == '_'
+    })?;
+    out.insert("id".into(), Value::String(id));
+    out.insert("ts".into(), Value::String(timestamp(get(e, "ts", "ts")?)?));
+
+    let class = get(e, "class", "class")?
+        .as_str()
+        .filter(|c| *c == "action" || *c == "error")
+        .ok_or_else(|| invalid("class", "not action or error"))?;
+    out.insert("class".into(), Value::String(class.into()));
+
+    let rec = obj(get(e, "rec", "rec")?, "rec")?;
+    let mut rec_out = Map::new();
+    let rail = token(get(rec, "rail", "rec.rail")?, "rec.rail", 32, 1, |c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-'
+    })?;
+    rec_out.insert("rail".into(), Value::String(rail));
+    rec_out.insert(
+        "action".into(),
+        Value::String(text(get(rec, "action", "rec.action")?, "rec.action", true)?),
+    );
+    let registry = match rec.get("registryVersion") {
+        None | Some(Value::Null) => Value::Null,
+        Some(r) => Value::String(token(r, "rec.registryVersion", 64, 1, |c| {
+            c.is_ascii_digit() || ('a'..='f').contains(&c)
+        })?),
+    };
+    rec_out.insert("registryVersion".into(), registry);
+    if v == u64::from(EVENT_SCHEMA_VERSION) {
+        if let Some(f) = rec.get("fields").filter(|f| !f.is_null()) {
+            let fields = filter_fields(f)?;
+            if !fields.is_empty() {
+                rec_out.insert("fields".into(), Value::Object(fields));
+            }
+        }
+    }
+    out.insert("rec".into(), Value::Object(rec_out));
+
+    let dest = obj(get(e, "dest", "dest")?, "dest")?;
+    let path = text(
+        get(dest, "pathTemplate", "dest.pathTemplate")?,
+        "dest.pathTemplate",
+        true,
+    )?;
+    if !path.starts_with('/') {
+        return Err(invalid("dest.pathTemplate", "must start with /"));
+    }
+    let method = token(
+        get(dest, "method", "dest.method")?,
+        "dest.method",
+        16,
+        1,
+        |c| c.is_ascii_uppercase(),
+    )?;
+    let mut dest_out = Map::new();
+    dest_out.insert(
+        "host".into(),
+        Value::String(text(get(dest, "host", "dest.host")?, "dest.host", true)?),
+    );
+    dest_out.insert("pathTemplate".into(), Value::String(path));
+    dest_out.insert("method".into(), Value::String(method));
+    out.insert("dest".into(), Value::Object(dest_out));
+
+    let actor = obj(get(e, "actor", "actor")?, "actor")?;
+    let word = |c: char| c.is_ascii_lowercase() || c == '_' || c == '-';
+    let mut actor_out = Map::new();
+    actor_out.insert(
+        "id".into(),
+        Value::String(text(get(actor, "id", "actor.id")?, "actor.id", true)?),
+    );
+    actor_out.insert(
+        "kind".into(),
+        Value::String(token(
+            get(actor, "kind", "actor.kind")?,
+            "actor.kind",
+            32,
+            1,
+            word,
+        )?),
+    );
+    actor_out.insert(
+        "grade".into(),
+        Value::String(token(
+            get(actor, "grade", "actor.grade")?,
+            "actor.grade",
+            32,
+            1,
+            word,
+        )?),
+    );
+    out.insert("actor".into(), Value::Object(actor_out));
+
+    // onBehalfOf names a customer by an opaque id; one that is an e-mail or card is dropped.
+    match e.get("onBehalfOf") {
+        None | Some(Value::Null) => {}
+        Some(o) => {
+            let o = text(o, "onBehalfOf", true)?;
+            if !privacy::contains_sensitive(&o) {
+                out.insert("onBehalfOf".into(), Value::String(o));
+            }
+        }
+    }
+
+    let status = uint(get(e, "status", "status")?, "status")?;
+    if !(100..=599).contains(&status) {
+        return Err(invalid("status", "not an HTTP-ish status"));
+    }
+    out.insert("status".into(), Value::from(status));
+
+    let dur = get(e, "dur_ms", "dur_ms")?
+        .as_f64()
+        .filter(|d| d.is_finite() && *d >= 0.0)
+        .ok_or_else(|| invalid("dur_ms", "not a non-negative number"))?;
+    out.insert("dur_ms".into(), get(e, "dur_ms", "dur_ms")?.clone());
+    debug_assert!(dur >= 0.0);
+
+    let bytes = obj(get(e, "bytes", "bytes")?, "bytes")?;
+    let mut bytes_out = Map::new();
+    bytes_out.insert(
+        "req".into(),
+        Value::from(uint(get(bytes, "req", "bytes.req")?, "bytes.req")?),
+    );
+    bytes_out.insert(
+        "resp".into(),
+        Value::from(uint(get(bytes, "resp", "bytes.resp")?, "bytes.resp")?),
+    );
+    out.insert("bytes".into(), Value::Object(bytes_out));
+
+    match e.get("session") {
+        None | Some(Value::Null) => {}
+        Some(s) => {
+            let s = obj(s, "session")?;
+            let mut s_out = Map::new();
+            s_out.insert(
+                "id".into(),
+                Value::String(text(get(s, "id", "session.id")?, "session.id", true)?),
+            );
+            for key in ["protocol", "client"] {
+                match s.get(key) {
+                    None | Some(Value::Null) => {}
+                    Some(x) => {
+                        let x = text(x, key, false)?;
+                        if !privacy::contains_sensitive(&x) {
+                            s_out.insert(key.into(), Value::String(x));
+                        }
+                    }
+                }
+            }
+            out.insert("session".into(), Value::Object(s_out));
+        }
+    }
+
+    match e.get("err") {
+        None | Some(Value::Null) => {}
+        Some(x) => {
+            let x = obj(x, "err")?;
+            let kind = get(x, "kind", "err.kind")?
+                .as_str()
+                .filter(|k| {
+                    matches!(
+                        *k,
+                        "jsonrpc" | "tool" | "timeout" | "cancelled" | "transport"
+                    )
+                })
+                .ok_or_else(|| invalid("err.kind", "unknown kind"))?;
+            let mut err_out = Map::new();
+            err_out.insert("kind".into(), Value::String(kind.into()));
+            match x.get("code") {
+                None | Some(Value::Null) => {}
+                Some(c) => {
+                    let c = c
+                        .as_i64()
+                        .ok_or_else(|| invalid("err.code", "not an integer"))?;
+                    err_out.insert("code".into(), Value::from(c));
+                }
+            }
+            out.insert("err".into(), Value::Object(err_out));
+        }
+    }
+
+    Ok(Value::Object(out))
+}
+
+/// The sensor's side: the built [`super::Event`] as it will be sent, after L3.
+pub fn filter_event(event: &super::Event) -> Result<Value, FilterError> {
+    let v = serde_json::to_value(event).map_err(|_| invalid("event", "not serialisable"))?;
+    validate_and_filter_event(&v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub(crate) fn sample() -> Value {
+        json!({
+            "v": 2,
+            "id": "0123456789abcdef0123456789abcdef",
+            "ts": "2026-11-29T19:13:27.123Z",
+            "class": "action",
+            "rec": {"rail": "mcp", "action": "issue_refund", "registryVersion": "a1b2c3d4e5f60718",
+                    "fields": {"amount_cents": 4900, "currency": "EUR"}},
+            "dest": {"host": "mcp://payments", "pathTemplate": "/issue_refund", "method": "POST"},
+            "actor": {"id": "mcp:k1", "kind": "agent", "grade": "attested"},
+            "status": 200,
+            "dur_ms": 1.25,
+            "bytes": {"req": 120, "resp": 80},
+            "session": {"id": "abcd", "protocol": "2025-06-18", "client": "claude"}
+        })
+    }
+
+    #[test]
+    fn valid_event_passes_unchanged() {
+        let e = sample();
+        assert_eq!(validate_and_filter_event(&e), Ok(e));
+    }
+
+    #[test]
+    fn unknown_fields_are_dropped_everywhere() {
+        let mut e = sample();
+        e["org"] = json!("evil");
+        e["sensor"] = json!("s1");
+        e["rec"]["args"] = json!({"customer_email": "jane@example.com"});
+        e["dest"]["query"] = json!("?q=1");
+        e["actor"]["email"] = json!("jane@example.com");
+        let out = validate_and_filter_event(&e).expect("ok");
+        assert_eq!(out, sample());
+    }
+
+    #[test]
+    fn fields_are_rescrubbed_without_the_allow_set() {
+        let mut e = sample();
+        e["rec"]["fields"] = json!({
+            "amount_cents": 4900,
+            "sku": "A-1",
+            "customer_email": "jane@example.com",
+            "reason": "refund for jane@example.com",
+            "card": 4111111111111111u64,
+            "nested": {"a": 1},
+            "list": [1],
+            "nothing": null,
+        });
+        let out = validate_and_filter_event(&e).expect("ok");
+        assert_eq!(
+            out["rec"]["fields"],
+            json!({"amount_cents": 4900, "sku": "A-1"})
+        );
+    }
+
+    #[test]
+    fn v1_envelope_loses_fields_only() {
+        let mut e = sample();
+        e["v"] = json!(1);
+        let out = validate_and_filter_event(&e).expect("ok");
+        assert_eq!(out["v"], json!(1));
+        assert!(out["rec"].get("fields").is_none());
+        assert_eq!(out["rec"]["action"], json!("issue_refund"));
+    }
+
+    #[test]
+    fn wrong_types_are_rejected_naming_the_field_not_the_value() {
+        for (path, bad) in [
+            ("v", json!(3)),
+            ("id", json!({"x": 1})),
+            ("ts", json!("yesterday")),
+            ("class", json!("success")),
+            ("status", json!("200")),
+            ("status", json!(1000)),
+            ("dur_ms", json!(-1)),
+        ] {
+            let mut e = sample();
+            e[path] = bad;
+            let err = validate_and_filter_event(&e).expect_err(path);
+            assert!(err.to_string().contains(path), "{err}");
+        }
+        let mut e = sample();
+        e["rec"]["action"] = json!("a\nb");
+        assert!(validate_and_filter_event(&e).is_err());
+        assert!(validate_and_filter_event(&json!([1])).is_err());
+    }
+
+    #[test]
+    fn sensitive_on_behalf_of_is_dropped() {
+        let mut e = sample();
+        e["onBehalfOf"] = json!("jane@example.com");
+        let out = validate_and_filter_event(&e).expect("ok");
+        assert!(out.get("onBehalfOf").is_none());
+        e["onBehalfOf"] = json!("cust_42");
+        let out = validate_and_filter_event(&e).expect("ok");
+        assert_eq!(out["onBehalfOf"], json!("cust_42"));
+    }
+
+    /// The compiled event schema, the same file the ingest documents.
+    pub(crate) fn event_validator() -> jsonschema::Validator {
+        let schema: Value = serde_json::from_str(EVENT_SCHEMA_JSON).expect("schema parses");
+        jsonschema::draft202012::new(&schema).expect("schema compiles")
+    }
+
+    #[test]
+    fn batch_schema_accepts_filtered_events_and_caps_the_count() {
+        let event: Value = serde_json::from_str(EVENT_SCHEMA_JSON).expect("event schema");
+        let batch: Value = serde_json::from_str(BATCH_SCHEMA_JSON).expect("batch schema");
+        let registry = jsonschema::Registry::new()
+            .add(
+                "https://schema.bounded-observe-mcp.invalid/event.v2.schema.json",
+                event,
+            )
+            .expect("add")
+            .prepare()
+            .expect("registry");
+        let v = jsonschema::options()
+            .with_registry(&registry)
+            .build(&batch)
+            .expect("batch schema compiles");
+        let ev = validate_and_filter_event(&sample()).expect("ok");
+        let ok = json!({"v": 2, "sensor": {"version": "0.1.0", "transport": "stdio"},
+                        "dropped": 0, "events": [ev.clone()]});
+        assert!(v.is_valid(&ok));
+        let mut bad = ok.clone();
+        bad["events"][0]["org"] = json!("x");
+        assert!(!v.is_valid(&bad), "event schema is applied to batch items");
+        let mut big = ok.clone();
+        big["events"] = Value::Array(vec![ev; crate::event::MAX_BATCH_EVENTS + 1]);
+        assert!(!v.is_valid(&big));
+        let mut org = ok;
+        org["org"] = json!("acme");
+        assert!(!v.is_valid(&org), "a batch never carries org");
+    }
+
+    mod generated {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn any_text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[a-z_]{1,12}",
+                ".{0,40}",
+                "\\PC{0,300}",
+                Just("jane@example.com".to_string()),
+                Just("4111 1111 1111 1111".to_string()),
+            ]
+        }
+
+        fn any_scalarish() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                (-1e12f64..1e12).prop_map(Value::from),
+                any_text().prop_map(Value::from),
+            ];
+            leaf.prop_recursive(2, 8, 3, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                    prop::collection::btree_map("[a-z]{1,5}", inner, 0..3)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// Events close enough to valid that most pass, with every field sometimes wrong.
+        fn any_event() -> impl Strategy<Value = Value> {
+            let fields = prop::collection::btree_map(any_text(), any_scalarish(), 0..40);
+            (
+                (
+                    prop_oneof![6 => Just(json!(2)), 2 => Just(json!(1)), 1 => any_scalarish()],
+                    prop_oneof![8 => "[0-9a-f]{32}".prop_map(Value::from), 1 => any_text().prop_map(Value::from)],
+                    prop_oneof![
+                        4 => Just(json!("2026-11-29T19:13:27.123Z")),
+                        4 => Just(json!("2026-11-29T19:13:27+02:00")),
+                        1 => any_text().prop_map(Value::from)
+                    ],
+                    prop_oneof![4 => Just(json!("action")), 4 => Just(json!("error")), 1 => any_scalarish()],
+                    any_text(),
+                    prop_oneof![4 => Just(Value::Null), 4 => "[0-9a-f]{16}".prop_map(Value::from), 1 => any_scalarish()],
+                    fields,
+                ),
+                (
+                    any_text(),
+                    prop_oneof![8 => "/[a-z_]{1,20}", 1 => any_text()],
+                    prop_oneof![4 => Just(json!(200)), 4 => Just(json!(499)), 1 => any_scalarish()],
+                    prop_oneof![8 => (0.0f64..1e6).prop_map(Value::from), 1 => any_scalarish()],
+                    prop_oneof![Just(Value::Null), any_text().prop_map(Value::from)],
+                    prop_oneof![
+                        Just(Value::Null),
+                        (any_text(), any_text()).prop_map(|(a, b)| json!({"id": a, "client": b, "protocol": "2025-06-18"}))
+                    ],
+                    prop_oneof![
+                        4 => Just(Value::Null),
+                        4 => Just(json!({"kind": "jsonrpc", "code": -32601})),
+                        4 => Just(json!({"kind": "timeout"})),
+                        1 => any_scalarish()
+                    ],
+                    any_scalarish(),
+                ),
+            )
+                .prop_map(
+                    |((v, id, ts, class, action, reg, fields), (host, path, status, dur, obo, session, err, junk))| {
+                        let mut e = json!({
+                            "v": v, "id": id, "ts": ts, "class": class,
+                            "rec": {"rail": "mcp", "action": action, "registryVersion": reg,
+                                    "fields": Value::Object(fields.into_iter().collect())},
+                            "dest": {"host": host, "pathTemplate": path, "method": "POST"},
+                            "actor": {"id": "mcp:k", "kind": "agent", "grade": "attested"},
+                            "status": status, "dur_ms": dur,
+                            "bytes": {"req": 1, "resp": 2},
+                            "junk": junk,
+                        });
+                        for (k, x) in [("onBehalfOf", obo), ("session", session), ("err", err)] {
+                            if !x.is_null() {
+                                e[k] = x;
+                            }
+                        }
+                        e
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn filter_output_always_validates_against_the_schema(e in any_event()) {
+                let validator = event_validator();
+                if let Ok(out) = validate_and_filter_event(&e) {
+                    let errors: Vec<String> = validator.iter_errors(&out).map(|x| x.to_string()).collect();
+                    prop_assert!(errors.is_empty(), "{errors:?} in {out}");
+                    // Idempotent: the ingest re-running the sensor's filter changes nothing.
+                    prop_assert_eq!(validate_and_filter_event(&out), Ok(out.clone()));
+                }
+            }
+
+            #[test]
+            fn filter_never_panics_on_arbitrary_json(e in any_scalarish()) {
+                let _ = validate_and_filter_event(&e);
+            }
+        }
+
+        #[test]
+        fn generated_events_mostly_pass() {
+            // Guards the property above against vacuity: the generator must produce valid events.
+            use proptest::strategy::ValueTree;
+            use proptest::test_runner::TestRunner;
+            let mut runner = TestRunner::deterministic();
+            let strat = any_event();
+            let ok = (0..400)
+                .filter(|_| {
+                    let e = strat.new_tree(&mut runner).expect("tree").current();
+                    validate_and_filter_event(&e).is_ok()
+                })
+                .count();
+            assert!(ok > 20, "only {ok} of 400 generated events were valid");
+        }
+    }
 }

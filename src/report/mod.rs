@@ -1,28 +1,71 @@
 //! The reporter: batches filtered events and delivers them without ever blocking the relay.
 //!
-//! NOT YET BUILT (issue 4). Interface contract below.
+//! Goes in: [`Event`]s, through the [`EventQueue`] the observer holds ([`EventSink::emit`] is a
+//! `try_send`, it never waits). Comes out: batches (DESIGN §4) posted to `<ingest>/v1/events`
+//! or appended to a `file:` sink, and [`ReportStats`] at shutdown. It must never block or slow
+//! the observer or the relay, never send an event that did not pass the L3 filter, never send
+//! `org` or a sensor id, never write to stdout, and never open a socket when reporting is off
+//! (no token, bad ingest value).
+//!
+//! The pieces, in the order an event meets them:
+//!
+//! * [`EventQueue`]: bounded ([`QUEUE_CAPACITY`]); when full the newest event is dropped and
+//!   counted, and the count travels in the next batch's `dropped`.
+//! * [`batch`]: the batcher task: L3 filter → batches of ≤ 500 events or whatever is queued
+//!   after the flush interval → send with one retry → Delivered / Errored / Rejected. At most
+//!   one request in flight (why: see [`batch`]).
+//! * [`retry`]: [`retry::is_retriable`], the one classification of what is worth a retry.
+//! * [`sink`]: the HTTP(S) and `file:` sinks, timeouts, TLS, no gzip (why: see [`sink`]).
+//! * [`stats`]: counters and the stderr discipline (each kind of failure once, then a summary).
+//!
+//! Shutdown is explicit: [`ReporterHandle::shutdown`] sets a deadline (`shutdown_flush`,
+//! default 2 s); the batcher flushes what is queued until then, and whatever is still unsent
+//! (including a request in flight to a dead ingest) is abandoned and counted. A dead ingest can
+//! therefore delay the wrapper's exit by at most that deadline.
+
+pub mod batch;
+pub mod retry;
+pub mod sink;
+pub mod stats;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 use crate::config::IngestTarget;
-use crate::event::{Event, EventSink};
+use crate::event::{Event, EventSink, MAX_BATCH_EVENTS};
 use crate::token::SensorToken;
 
+pub use sink::{Tuning, CONNECT_TIMEOUT, EVENTS_PATH, REQUEST_TIMEOUT};
+pub use stats::ReportStats;
+
 /// Events queued between observer and batcher; when full the newest is dropped and counted.
+///
+/// 10,000 events is 20 full batches: enough to ride out a black-holed ingest holding the single
+/// in-flight request for a whole retry cycle (2 × [`REQUEST_TIMEOUT`] + backoff ≈ 20 s) at
+/// 500 tool calls per second without losing one, while bounding the memory a dead ingest can
+/// cost to a few MB (an event is a few hundred bytes of metadata).
 pub const QUEUE_CAPACITY: usize = 10_000;
+
+/// Extra time the handle gives the batcher past the deadline to hand back its totals before
+/// aborting it. The batcher itself abandons everything at the deadline; this only guards
+/// against a bug there.
+const JOIN_GRACE: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone)]
 pub struct ReportConfig {
     pub target: IngestTarget,
     pub token: Option<SensorToken>,
+    /// Longest an event waits in a partial batch (`--flush-ms`).
     pub flush: Duration,
+    /// How long shutdown may spend flushing (and so delay the wrapper's exit).
     pub shutdown_flush: Duration,
     /// `"stdio"` or `"http"`.
     pub transport: &'static str,
+    /// Per-batch detail on stderr.
     pub debug: bool,
 }
 
@@ -41,38 +84,113 @@ impl EventSink for EventQueue {
     }
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct ReportStats {
-    pub delivered: u64,
-    pub dropped: u64,
-    pub batches: u64,
-}
-
+/// Owns the batcher task; [`ReporterHandle::shutdown`] is the only way to end it early.
 pub struct ReporterHandle {
-    rx: mpsc::Receiver<Event>,
-    dropped: Arc<AtomicU64>,
+    task: Option<JoinHandle<ReportStats>>,
+    deadline: watch::Sender<Option<tokio::time::Instant>>,
+    shutdown_flush: Duration,
+    published: Arc<Mutex<ReportStats>>,
+    queue_dropped: Arc<AtomicU64>,
 }
 
-/// Starts the reporter on the current tokio runtime.
-pub fn start(_cfg: ReportConfig) -> (EventQueue, ReporterHandle) {
+/// Starts the reporter on the current tokio runtime, with the default timeouts.
+pub fn start(cfg: ReportConfig) -> (EventQueue, ReporterHandle) {
+    start_with(cfg, Tuning::default())
+}
+
+/// [`start`] with explicit timeouts (tests shorten them). Outside a tokio runtime nothing is
+/// started: every event is counted as dropped (fail open, never a panic).
+pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHandle) {
     let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-    let dropped = Arc::new(AtomicU64::new(0));
-    (
-        EventQueue {
-            tx,
-            dropped: dropped.clone(),
-        },
-        ReporterHandle { rx, dropped },
-    )
+    let queue_dropped = Arc::new(AtomicU64::new(0));
+    let (deadline_tx, deadline_rx) = watch::channel(None);
+    let published = Arc::new(Mutex::new(ReportStats::default()));
+    let queue = EventQueue {
+        tx,
+        dropped: queue_dropped.clone(),
+    };
+    let mut handle = ReporterHandle {
+        task: None,
+        deadline: deadline_tx,
+        shutdown_flush: cfg.shutdown_flush,
+        published: published.clone(),
+        queue_dropped: queue_dropped.clone(),
+    };
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("Reporter started outside a tokio runtime: events will not be reported");
+        return (queue, handle);
+    };
+
+    let sink = match (&cfg.target, &cfg.token) {
+        (IngestTarget::Http(base), Some(token)) => {
+            match sink::HttpSink::new(base, token, &tuning) {
+                Ok(s) => Some(sink::Sink::Http(s)),
+                Err(e) => {
+                    tracing::warn!(
+                        "Cannot set up delivery to the ingest ({e}): events will not be reported"
+                    );
+                    None
+                }
+            }
+        }
+        // A network sink without a token never exists (config fails open to Off; guarded here too).
+        (IngestTarget::Http(_), None) | (IngestTarget::Off, _) => None,
+        (IngestTarget::File(path), _) => Some(sink::Sink::File(sink::FileSink::new(path.clone()))),
+    };
+    let batcher = batch::Batcher {
+        rx,
+        queue_dropped,
+        sink,
+        flush: cfg.flush,
+        transport: cfg.transport,
+        debug: cfg.debug,
+        tuning,
+        deadline: deadline_rx,
+        published,
+        buf: Vec::with_capacity(MAX_BATCH_EVENTS),
+        pending_dropped: 0,
+        stats: ReportStats::default(),
+        log: stats::FailureLog::default(),
+    };
+    handle.task = Some(rt.spawn(batcher.run()));
+    (queue, handle)
 }
 
 impl ReporterHandle {
-    /// Flushes what is queued within the shutdown deadline and stops.
+    /// The totals so far, as of the last batch the batcher finished (for `--debug` and tests).
+    pub fn snapshot(&self) -> ReportStats {
+        let mut s = self.published.lock().map(|s| s.clone()).unwrap_or_default();
+        let q = self.queue_dropped.load(Ordering::Relaxed);
+        s.queue_full += q;
+        s.dropped += q;
+        s
+    }
+
+    /// Flushes what is queued within the shutdown deadline and stops. Returns promptly (by the
+    /// deadline) however dead the ingest is.
     pub async fn shutdown(mut self) -> ReportStats {
-        self.rx.close();
-        ReportStats {
-            dropped: self.dropped.load(Ordering::Relaxed),
-            ..Default::default()
+        let deadline = tokio::time::Instant::now() + self.shutdown_flush;
+        let _ = self.deadline.send(Some(deadline));
+        let Some(mut task) = self.task.take() else {
+            let dropped = self.queue_dropped.load(Ordering::Relaxed);
+            return ReportStats {
+                dropped,
+                queue_full: dropped,
+                ..Default::default()
+            };
+        };
+        match tokio::time::timeout_at(deadline + JOIN_GRACE, &mut task).await {
+            Ok(Ok(stats)) => stats,
+            _ => {
+                task.abort();
+                tracing::warn!("Reporter did not stop by its deadline; unsent events are lost");
+                let mut s = self.published.lock().map(|s| s.clone()).unwrap_or_default();
+                let q = self.queue_dropped.load(Ordering::Relaxed);
+                s.queue_full += q;
+                s.dropped += q;
+                s.deadline_hit = true;
+                s
+            }
         }
     }
 }

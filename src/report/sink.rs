@@ -1,0 +1,249 @@
+//! Where an encoded batch goes: the ingest over HTTP(S), or a local JSON-lines file.
+//!
+//! Owns one delivery attempt: [`Sink::send_once`] takes the bytes of one batch and returns `Ok`
+//! or a [`DeliveryError`]. Retrying, counting and logging belong to the batcher
+//! ([`super::batch`]). It must never log or echo the token, never follow a redirect (a redirect
+//! could carry the bearer token to another host), never use a proxy from the process
+//! environment, and never open a socket before the first batch is sent.
+//!
+//! **HTTP**: `POST <base>/v1/events`, `Authorization: Bearer <token>`,
+//! `Content-Type: application/json`, HTTP/1.1 with keep-alive (one idle connection kept).
+//! Bodies are **not gzipped**: a batch is at most 500 metadata-only events (tens of KB, rarely a
+//! few hundred), the default ingest is on loopback where compression only costs CPU on the host
+//! we must not disturb, and an uncompressed body keeps the ingest free of decompression-bomb
+//! handling and its body limit (413) meaningful.
+//!
+//! **TLS**: reqwest's rustls backend with the `ring` crypto provider (installed as the process
+//! default if none is installed yet; a parent that installed its own keeps it). Server
+//! certificates are checked against the operating system's trust store (reqwest's platform
+//! verifier); where the system has no CA certificates at all (minimal containers), the Mozilla
+//! roots compiled in through `webpki-root-certs` are used instead.
+//!
+//! **File** (`--ingest file:PATH`): each batch is appended as one line (the batch JSON plus
+//! `\n`) with a single `write` on a file opened with `O_APPEND`, created if missing, so
+//! concurrent writers never interleave inside a line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+
+use super::retry::DeliveryError;
+use crate::token::SensorToken;
+
+/// Path the batches are posted to, under the ingest base (DESIGN §4).
+pub const EVENTS_PATH: &str = "/v1/events";
+
+/// How long to wait for a TCP (+TLS) connection. Loopback and LAN connects take well under a
+/// millisecond and WAN ones tens; 3 s covers the first SYN retransmission (1 s) and a slow
+/// handshake, and fails a dead host fast enough that its retry still fits in a flush interval.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Whole-request budget (connect, send, answer). An ingest stores 500 events in milliseconds;
+/// 10 s leaves room for a loaded one while bounding how long a black-holed ingest can hold the
+/// single in-flight slot (the queue keeps filling, and drops, meanwhile).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most bytes of an ingest answer that are read (to let the connection be reused); the answer
+/// is a tiny `{accepted, rejected, duplicates}` object and nothing in it changes what we do.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// Idle connections kept to the ingest: one, since at most one request is ever in flight.
+const POOL_IDLE_PER_HOST: usize = 1;
+
+/// Timeouts of the HTTP sink; [`Default`] is what the wrapper uses. Tests shorten them so that
+/// a black-holed ingest can be exercised in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    /// Base delay before the single retry (jitter adds up to the same again).
+    pub retry_delay: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            connect_timeout: CONNECT_TIMEOUT,
+            request_timeout: REQUEST_TIMEOUT,
+            retry_delay: super::retry::RETRY_DELAY,
+        }
+    }
+}
+
+/// A destination for encoded batches.
+pub(crate) enum Sink {
+    Http(HttpSink),
+    File(FileSink),
+}
+
+impl Sink {
+    /// One attempt to deliver one encoded batch.
+    pub(crate) async fn send_once(&self, body: &Bytes) -> Result<(), DeliveryError> {
+        match self {
+            Sink::Http(s) => s.send_once(body).await,
+            Sink::File(f) => f.append(body).await,
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Sink::Http(s) => s.url.clone(),
+            Sink::File(f) => format!("file:{}", f.path.display()),
+        }
+    }
+}
+
+pub(crate) struct HttpSink {
+    client: reqwest::Client,
+    url: String,
+    auth: HeaderValue,
+}
+
+impl HttpSink {
+    /// Builds the client (no socket is opened until the first send). `Err` only when no TLS
+    /// configuration at all can be built or the token cannot be a header value; the caller then
+    /// reports nothing (fail open).
+    pub(crate) fn new(
+        base: &str,
+        token: &SensorToken,
+        tuning: &Tuning,
+    ) -> Result<HttpSink, DeliveryError> {
+        // reqwest is built with `rustls-no-provider`: a provider must be the process default
+        // before a client is built, or the build panics. Err only means one is already there.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+
+        let builder = || {
+            reqwest::Client::builder()
+                .connect_timeout(tuning.connect_timeout)
+                .timeout(tuning.request_timeout)
+                .redirect(reqwest::redirect::Policy::none())
+                .no_proxy()
+                .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
+                .user_agent(concat!("bounded-observe-mcp/", env!("CARGO_PKG_VERSION")))
+        };
+        let client = match builder().build() {
+            Ok(c) => c,
+            // The platform verifier fails when the system has no CA certificates at all.
+            Err(_) => {
+                let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
+                    .iter()
+                    .filter_map(|der| reqwest::Certificate::from_der(der).ok());
+                builder()
+                    .tls_certs_only(roots)
+                    .build()
+                    .map_err(|e| DeliveryError::Connect(e.without_url().to_string()))?
+            }
+        };
+        let mut auth = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
+            .map_err(|_| DeliveryError::Encode("token is not a valid header value".into()))?;
+        auth.set_sensitive(true);
+        Ok(HttpSink {
+            client,
+            url: format!("{}{EVENTS_PATH}", base.trim_end_matches('/')),
+            auth,
+        })
+    }
+
+    async fn send_once(&self, body: &Bytes) -> Result<(), DeliveryError> {
+        let mut resp = self
+            .client
+            .post(&self.url)
+            .header(AUTHORIZATION, self.auth.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .body(body.clone())
+            .send()
+            .await
+            .map_err(classify)?;
+        let status = resp.status();
+        // Read (a bounded amount of) the answer so the connection can be reused; a failure
+        // here does not change the outcome the status already decided.
+        let mut read = 0usize;
+        while read < MAX_RESPONSE_BYTES {
+            match resp.chunk().await {
+                Ok(Some(c)) => read += c.len(),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(DeliveryError::Status(status.as_u16()))
+        }
+    }
+}
+
+/// Maps a reqwest error onto the retry classification's vocabulary. The URL is stripped: it is
+/// the configured ingest and adds nothing to a log line.
+fn classify(e: reqwest::Error) -> DeliveryError {
+    if e.is_timeout() {
+        DeliveryError::Timeout
+    } else if e.is_connect() {
+        DeliveryError::Connect(root_cause(&e))
+    } else if e.is_builder() {
+        DeliveryError::Encode(root_cause(&e))
+    } else {
+        DeliveryError::Transport(root_cause(&e))
+    }
+}
+
+/// The innermost cause ("Connection refused (os error 111)"), which is what an operator needs.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+pub(crate) struct FileSink {
+    path: PathBuf,
+    /// Opened on the first batch, kept open; `None` again after a write error so the next batch
+    /// reopens it (the file may have been rotated or its disk remounted).
+    file: std::sync::Mutex<Option<std::fs::File>>,
+}
+
+impl FileSink {
+    pub(crate) fn new(path: PathBuf) -> FileSink {
+        FileSink {
+            path,
+            file: std::sync::Mutex::new(None),
+        }
+    }
+
+    async fn append(&self, body: &Bytes) -> Result<(), DeliveryError> {
+        let mut line = Vec::with_capacity(body.len() + 1);
+        line.extend_from_slice(body);
+        line.push(b'\n');
+        let path = self.path.clone();
+        // Only one batch is ever in flight, so the lock is never contended; a poisoned lock
+        // (a panic mid-write) just means the file is reopened.
+        let file = self.file.lock().ok().and_then(|mut g| g.take());
+        // File I/O blocks: it runs on the blocking pool, never on the runtime's worker.
+        let res = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
+            use std::io::Write;
+            let mut f = match file {
+                Some(f) => f,
+                None => std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)?,
+            };
+            // One write_all of the whole line on an O_APPEND file.
+            f.write_all(&line)?;
+            Ok(f)
+        })
+        .await;
+        match res {
+            Ok(Ok(f)) => {
+                if let Ok(mut g) = self.file.lock() {
+                    *g = Some(f);
+                }
+                Ok(())
+            }
+            Ok(Err(e)) => Err(DeliveryError::File(e.to_string())),
+            Err(e) => Err(DeliveryError::File(e.to_string())),
+        }
+    }
+}

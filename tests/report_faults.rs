@@ -1,0 +1,574 @@
+//! The reporter against a real loopback ingest that misbehaves in every way the field has seen:
+//! 5xx, refused connections, a black hole, 4xx, a revoked key. Each test drives the public
+//! reporter API (`report::start_with`) with synthetic events and checks what the ingest
+//! received, byte for byte, and what the reporter counted.
+
+mod report_support;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bounded_observe_mcp::config::{Config, IngestTarget};
+use bounded_observe_mcp::event::{Event, EventSink, MAX_BATCH_EVENTS};
+use bounded_observe_mcp::report::{self, ReportConfig, ReportStats, Tuning, QUEUE_CAPACITY};
+use bounded_observe_mcp::token::SensorToken;
+use report_support::*;
+use serde_json::{json, Value};
+
+const TOKEN: &str = "obs1.k1.c2lnbmF0dXJl";
+/// Generous bound for anything to happen on a loaded 2-core machine.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn cfg(target: IngestTarget, flush_ms: u64, shutdown_ms: u64) -> ReportConfig {
+    ReportConfig {
+        target,
+        token: Some(SensorToken::parse(TOKEN).expect("token")),
+        flush: Duration::from_millis(flush_ms),
+        shutdown_flush: Duration::from_millis(shutdown_ms),
+        transport: "stdio",
+        debug: false,
+    }
+}
+
+/// Short timeouts so a black hole costs hundreds of milliseconds, not tens of seconds.
+fn quick() -> Tuning {
+    Tuning {
+        connect_timeout: Duration::from_millis(500),
+        request_timeout: Duration::from_millis(400),
+        retry_delay: Duration::from_millis(20),
+    }
+}
+
+fn emit_n(q: &mut impl EventSink, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|_| {
+            let e = event("issue_refund");
+            let id = e.id.clone();
+            q.emit(e);
+            id
+        })
+        .collect()
+}
+
+/// Every accepted event id, with duplicates kept.
+fn accepted_ids(ingest: &TestIngest) -> Vec<String> {
+    ingest
+        .accepted()
+        .iter()
+        .flat_map(|r| r.event_ids())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_503_once_then_200_delivers_the_batch_exactly_once() {
+    let ingest = TestIngest::start().await;
+    ingest.fail_next(&[503]);
+    let (mut q, h) =
+        report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 10_000), quick());
+    let ids = emit_n(&mut q, 3);
+    let stats = h.shutdown().await;
+
+    let reqs = ingest.requests();
+    assert_eq!(reqs.len(), 2, "one attempt and one retry");
+    assert_eq!(reqs[0].status, 503);
+    assert_eq!(
+        accepted_ids(&ingest),
+        ids,
+        "delivered once, in order, no duplicate"
+    );
+    assert_eq!(stats.delivered, 3);
+    assert_eq!(stats.retries, 1);
+    assert_eq!(stats.dropped, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_always_503_drops_the_batch_after_one_retry_and_reports_it_later() {
+    let ingest = TestIngest::start().await;
+    ingest.always(Reply::Status(503));
+    let (mut q, h) =
+        report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 10_000), quick());
+    emit_n(&mut q, 3);
+    assert!(
+        wait_until(PATIENCE, || h.snapshot().failed_batches == 1).await,
+        "batch given up"
+    );
+    assert_eq!(
+        ingest.request_count(),
+        2,
+        "one attempt plus exactly one retry"
+    );
+
+    ingest.always(Reply::Status(200));
+    let later = emit_n(&mut q, 2);
+    let stats = h.shutdown().await;
+
+    let ok = ingest.accepted();
+    assert_eq!(ok.len(), 1);
+    assert_eq!(ok[0].event_ids(), later);
+    assert_eq!(
+        ok[0].dropped(),
+        3,
+        "the lost batch is reported once the ingest is back"
+    );
+    assert_eq!(stats.failed, 3);
+    assert_eq!(stats.delivered, 2);
+    assert_eq!(ingest.request_count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_drop_the_batch_after_one_retry_and_report_it_later() {
+    let reserved = closed_port();
+    let addr = reserved.local_addr().expect("addr");
+    drop(reserved);
+    let base = format!("http://{addr}");
+    let (mut q, h) = report::start_with(cfg(IngestTarget::Http(base), 50, 10_000), quick());
+    emit_n(&mut q, 3);
+    assert!(
+        wait_until(PATIENCE, || h.snapshot().failed_batches == 1).await,
+        "batch given up"
+    );
+    let snap = h.snapshot();
+    assert_eq!(snap.retries, 1, "one retry on a refused connection");
+    assert_eq!(snap.failed, 3);
+
+    // The ingest comes back on the same port.
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.set_reuseaddr(true).expect("reuseaddr");
+    sock.bind(addr).expect("rebind the refused port");
+    let ingest = TestIngest::on(sock.listen(16).expect("listen"));
+    let later = emit_n(&mut q, 2);
+    let stats = h.shutdown().await;
+    let ok = ingest.accepted();
+    assert_eq!(ok.len(), 1);
+    assert_eq!(ok[0].event_ids(), later);
+    assert_eq!(ok[0].dropped(), 3);
+    assert_eq!(stats.dropped, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_hole_ingest_drops_the_batch_after_one_retry_and_reports_it_later() {
+    let ingest = TestIngest::start().await;
+    ingest.always(Reply::BlackHole);
+    let (mut q, h) =
+        report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 10_000), quick());
+    emit_n(&mut q, 3);
+    assert!(
+        wait_until(PATIENCE, || h.snapshot().failed_batches == 1).await,
+        "batch given up after the request timeout"
+    );
+    assert_eq!(h.snapshot().retries, 1);
+    assert_eq!(
+        ingest.connections(),
+        2,
+        "one attempt and one retry, no more"
+    );
+    assert_eq!(ingest.request_count(), 0, "the black hole never answered");
+
+    ingest.always(Reply::Status(200));
+    let later = emit_n(&mut q, 2);
+    let stats = h.shutdown().await;
+    let ok = ingest.accepted();
+    assert_eq!(ok.len(), 1);
+    assert_eq!(ok[0].event_ids(), later);
+    assert_eq!(ok[0].dropped(), 3);
+    assert_eq!(stats.delivered, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_hole_ingest_delays_shutdown_by_at_most_the_deadline() {
+    let ingest = TestIngest::start().await;
+    ingest.always(Reply::BlackHole);
+    // Production timeouts (10 s per attempt): only the 1 s shutdown deadline can end this early.
+    let (mut q, h) = report::start(cfg(IngestTarget::Http(ingest.base()), 2000, 1000));
+    emit_n(&mut q, 3);
+    let t = Instant::now();
+    let stats = h.shutdown().await;
+    let took = t.elapsed();
+    // Without the deadline this takes > 20 s (two 10 s attempts); the bound is loose on purpose.
+    assert!(took < Duration::from_secs(6), "shutdown took {took:?}");
+    assert!(stats.deadline_hit);
+    assert_eq!(stats.delivered, 0);
+    assert_eq!(stats.dropped, 3);
+    assert!(ingest.connections() >= 1, "the batch was attempted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_400_and_413_are_not_retried_and_are_counted() {
+    let ingest = TestIngest::start().await;
+    ingest.fail_next(&[400, 413]);
+    let (mut q, h) =
+        report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 10_000), quick());
+    emit_n(&mut q, 3);
+    assert!(wait_until(PATIENCE, || h.snapshot().failed_batches == 1).await);
+    emit_n(&mut q, 4);
+    assert!(wait_until(PATIENCE, || h.snapshot().failed_batches == 2).await);
+    let last = emit_n(&mut q, 1);
+    let stats = h.shutdown().await;
+
+    let statuses: Vec<u16> = ingest.requests().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, vec![400, 413, 200], "no retry after 400 or 413");
+    assert_eq!(stats.retries, 0);
+    assert_eq!(stats.failed, 7);
+    assert_eq!(stats.failed_batches, 2);
+    let ok = ingest.accepted();
+    assert_eq!(ok[0].event_ids(), last);
+    assert_eq!(ok[0].dropped(), 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_401_revokes_the_key_and_nothing_more_is_sent() {
+    let ingest = TestIngest::start().await;
+    ingest.always(Reply::Status(401));
+    let (mut q, h) =
+        report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 10_000), quick());
+    emit_n(&mut q, 3);
+    assert!(wait_until(PATIENCE, || h.snapshot().revoked).await);
+    ingest.always(Reply::Status(200));
+    emit_n(&mut q, 3);
+    assert!(
+        wait_until(PATIENCE, || h.snapshot().failed == 6).await,
+        "later events are still drained and counted"
+    );
+    emit_n(&mut q, 2);
+    let stats = h.shutdown().await;
+    assert_eq!(ingest.request_count(), 1, "no request after the 401");
+    assert!(stats.revoked);
+    assert_eq!(stats.retries, 0);
+    assert_eq!(stats.dropped, 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twelve_hundred_events_make_at_least_three_batches_of_at_most_500() {
+    let ingest = TestIngest::start().await;
+    // A flush interval longer than the test: only the size limit can cut batches.
+    let (mut q, h) = report::start_with(
+        cfg(IngestTarget::Http(ingest.base()), 600_000, 20_000),
+        quick(),
+    );
+    let ids = emit_n(&mut q, 1200);
+    let stats = h.shutdown().await;
+    let reqs = ingest.accepted();
+    assert!(reqs.len() >= 3, "{} batches", reqs.len());
+    for r in &reqs {
+        let n = r.event_ids().len();
+        assert!(n > 0 && n <= MAX_BATCH_EVENTS, "batch of {n}");
+    }
+    assert_eq!(accepted_ids(&ingest), ids, "every event once, in order");
+    assert_eq!(stats.delivered, 1200);
+    assert_eq!(stats.batches as usize, reqs.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_event_session_that_ends_at_once_still_delivers_them() {
+    let ingest = TestIngest::start().await;
+    let (mut q, h) = report::start(cfg(IngestTarget::Http(ingest.base()), 2000, 2000));
+    let ids = emit_n(&mut q, 3);
+    drop(q);
+    let stats = h.shutdown().await;
+    assert_eq!(accepted_ids(&ingest), ids);
+    assert_eq!(stats.delivered, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posted_batch_validates_against_the_schema_and_carries_no_org() {
+    let ingest = TestIngest::start().await;
+    let (mut q, h) = report::start(cfg(IngestTarget::Http(ingest.base()), 2000, 5000));
+    let mut e = event("issue_refund");
+    e.err = None;
+    q.emit(e);
+    let mut err = event("charge");
+    err.class = bounded_observe_mcp::event::EventClass::Error;
+    err.status = 500;
+    err.err = Some(bounded_observe_mcp::event::EventErr {
+        kind: bounded_observe_mcp::event::ErrKind::Tool,
+        code: None,
+    });
+    q.emit(err);
+    h.shutdown().await;
+
+    let reqs = ingest.requests();
+    assert_eq!(reqs.len(), 1);
+    let r = &reqs[0];
+    assert_eq!(r.method, "POST");
+    assert_eq!(r.path, "/v1/events");
+    assert_eq!(
+        r.authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    assert_eq!(r.content_type.as_deref(), Some("application/json"));
+    assert_eq!(r.content_encoding, None, "bodies are not compressed");
+    let body = r.json();
+    let validator = batch_validator();
+    let errors: Vec<String> = validator
+        .iter_errors(&body)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}\n{body}");
+    assert_eq!(body["v"], 2);
+    assert_eq!(body["sensor"]["transport"], "stdio");
+    assert_eq!(body["sensor"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(body["events"].as_array().map(Vec::len), Some(2));
+    assert!(!has_key(&body, "org"), "no org anywhere: {body}");
+    assert!(body.get("sensor").and_then(|s| s.get("id")).is_none());
+    let text = String::from_utf8_lossy(&r.body);
+    assert!(
+        !text.contains("c2lnbmF0dXJl"),
+        "the token never appears in a body"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_or_bad_token_opens_no_socket() {
+    let ingest = TestIngest::start().await;
+    for argv in [
+        vec!["w", "--ingest", &ingest.base(), "--", "srv"],
+        vec![
+            "w",
+            "--ingest",
+            &ingest.base(),
+            "--token",
+            "not-a-token",
+            "--",
+            "srv",
+        ],
+    ] {
+        let cli = bounded_observe_mcp::cli::parse_argv(
+            argv.iter().map(std::ffi::OsString::from).collect(),
+        )
+        .expect("argv");
+        let (c, warnings) = Config::resolve(&cli.args, &Default::default()).expect("resolves");
+        assert_eq!(c.ingest, IngestTarget::Off);
+        assert_eq!(warnings.len(), 1, "one clear warning: {warnings:?}");
+        let (mut q, h) = report::start(ReportConfig {
+            target: c.ingest.clone(),
+            token: c.token.clone(),
+            flush: Duration::from_millis(10),
+            shutdown_flush: Duration::from_secs(2),
+            transport: "stdio",
+            debug: false,
+        });
+        emit_n(&mut q, 600);
+        let stats = h.shutdown().await;
+        assert_eq!(stats.unsent, 600, "drained and discarded");
+        assert_eq!(stats.delivered, 0);
+    }
+    assert_eq!(ingest.connections(), 0, "no socket was ever opened");
+}
+
+/// Canaries planted in captured fields, under innocent and PII-shaped keys, top-level and nested.
+fn canary_event() -> (Event, Vec<&'static str>) {
+    let canaries = vec![
+        "jane.canary@example.com",
+        "4111 1111 1111 1111",
+        "4111-1111-1111-1111",
+        "4111111111111111",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYW5hcnkifQ.c2lnbmF0dXJlY2FuYXJ5",
+        "sk_live_CANARYSECRET",
+        "hunter2-CANARY-password",
+        "CANARY-NESTED-VALUE",
+    ];
+    let mut e = event("issue_refund");
+    let fields = json!({
+        "amount_cents": 4900,
+        "customer_email": "jane.canary@example.com",
+        "reason": "refund for jane.canary@example.com",
+        "note": "card 4111 1111 1111 1111",
+        "memo": "4111-1111-1111-1111",
+        "status": "4111111111111111",
+        "currency": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYW5hcnkifQ.c2lnbmF0dXJlY2FuYXJ5",
+        "api_key": "sk_live_CANARYSECRET",
+        "password": "hunter2-CANARY-password",
+        "session_token": "sk_live_CANARYSECRET",
+        "details": {"inner": "CANARY-NESTED-VALUE"},
+        "items": ["CANARY-NESTED-VALUE"],
+    });
+    e.rec.fields = match fields {
+        Value::Object(m) => Some(m),
+        _ => None,
+    };
+    (e, canaries)
+}
+
+fn assert_no_canary(bytes: &[u8], canaries: &[&str]) {
+    let text = String::from_utf8_lossy(bytes);
+    assert!(!text.is_empty(), "something was received");
+    for c in canaries {
+        assert!(!text.contains(c), "canary {c:?} left the process: {text}");
+    }
+    // The same card number as plain digits must not survive either.
+    assert!(!text.contains("4111111111111111"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_values_never_reach_the_ingest() {
+    let ingest = TestIngest::start().await;
+    let (mut q, h) = report::start(cfg(IngestTarget::Http(ingest.base()), 2000, 5000));
+    let (e, canaries) = canary_event();
+    q.emit(e);
+    let stats = h.shutdown().await;
+    assert_eq!(stats.delivered, 1, "the event itself is delivered");
+    assert_no_canary(&ingest.all_body_bytes(), &canaries);
+    let body = ingest.requests()[0].json();
+    assert_eq!(
+        body["events"][0]["rec"]["fields"]["amount_cents"], 4900,
+        "a safe scalar under an allowed key still arrives"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_values_never_reach_the_file_sink() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("events.jsonl");
+    let mut c = cfg(IngestTarget::File(path.clone()), 2000, 5000);
+    c.token = None;
+    let (mut q, h) = report::start(c);
+    let (e, canaries) = canary_event();
+    q.emit(e);
+    let stats = h.shutdown().await;
+    assert_eq!(stats.delivered, 1);
+    assert_no_canary(&std::fs::read(&path).expect("file written"), &canaries);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_the_filter_rejects_are_counted_and_never_sent() {
+    let ingest = TestIngest::start().await;
+    let (mut q, h) = report::start(cfg(IngestTarget::Http(ingest.base()), 2000, 5000));
+    let mut bad = event("issue_refund");
+    bad.id = "x".into(); // too short for an event id
+    bad.dest.path_template = "no-leading-slash".into();
+    let good = event("issue_refund");
+    let good_id = good.id.clone();
+    q.emit(bad);
+    q.emit(good);
+    let stats = h.shutdown().await;
+    assert_eq!(stats.filtered, 1);
+    assert_eq!(stats.delivered, 1);
+    let r = &ingest.accepted()[0];
+    assert_eq!(r.event_ids(), vec![good_id]);
+    assert_eq!(r.dropped(), 1, "a filtered event is reported as dropped");
+}
+
+#[test]
+fn full_queue_drops_the_newest_events_and_counts_them() {
+    // A current-thread runtime: the batcher cannot run while this thread emits, so the queue
+    // fills exactly to its capacity.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let ingest = TestIngest::start().await;
+        let (mut q, h) = report::start_with(
+            cfg(IngestTarget::Http(ingest.base()), 600_000, 60_000),
+            quick(),
+        );
+        let extra = 7;
+        let ids = emit_n(&mut q, QUEUE_CAPACITY + extra);
+        let stats: ReportStats = h.shutdown().await;
+        assert_eq!(stats.queue_full, extra as u64);
+        assert_eq!(stats.delivered, QUEUE_CAPACITY as u64);
+        assert_eq!(
+            accepted_ids(&ingest),
+            ids[..QUEUE_CAPACITY].to_vec(),
+            "the newest were dropped, the oldest kept"
+        );
+        assert_eq!(ingest.accepted()[0].dropped(), extra as u64);
+    });
+}
+
+fn read_lines(path: &PathBuf) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .expect("file")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is one JSON batch"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_sink_appends_one_schema_valid_json_line_per_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("sub-does-not-matter.jsonl");
+    let validator = batch_validator();
+
+    let mut c = cfg(IngestTarget::File(path.clone()), 600_000, 10_000);
+    c.token = None; // a file sink needs no token
+    let (mut q, h) = report::start(c.clone());
+    let ids = emit_n(&mut q, 1200);
+    let stats = h.shutdown().await;
+    assert_eq!(stats.delivered, 1200);
+    let lines = read_lines(&path);
+    assert!(lines.len() >= 3, "{} lines", lines.len());
+    let mut seen = Vec::new();
+    for l in &lines {
+        assert!(validator.is_valid(l), "line fails the schema: {l}");
+        assert!(!has_key(l, "org"));
+        let evs = l["events"].as_array().expect("events");
+        assert!(evs.len() <= MAX_BATCH_EVENTS);
+        seen.extend(
+            evs.iter()
+                .map(|e| e["id"].as_str().expect("id").to_string()),
+        );
+    }
+    assert_eq!(seen, ids);
+
+    // A second session appends; it never truncates.
+    let (mut q, h) = report::start(c);
+    emit_n(&mut q, 2);
+    h.shutdown().await;
+    let again = read_lines(&path);
+    assert_eq!(again.len(), lines.len() + 1);
+    assert_eq!(again[..lines.len()], lines[..]);
+    let ids: HashSet<&str> = again
+        .iter()
+        .flat_map(|l| l["events"].as_array().expect("events").iter())
+        .map(|e| e["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids.len(), 1202);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwritable_file_sink_fails_open_and_counts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A directory cannot be opened for appending.
+    let mut c = cfg(IngestTarget::File(dir.path().to_path_buf()), 2000, 2000);
+    c.token = None;
+    let (mut q, h) = report::start(c);
+    emit_n(&mut q, 3);
+    let stats = h.shutdown().await;
+    assert_eq!(stats.delivered, 0);
+    assert_eq!(stats.failed, 3);
+    assert_eq!(stats.retries, 0, "a local file error is not retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_ingest_builds_a_tls_client_and_fails_open_when_unreachable() {
+    let reserved = closed_port();
+    let addr = reserved.local_addr().expect("addr");
+    drop(reserved);
+    let (mut q, h) = report::start_with(
+        cfg(IngestTarget::Http(format!("https://{addr}")), 50, 5000),
+        quick(),
+    );
+    emit_n(&mut q, 2);
+    let stats = h.shutdown().await;
+    assert_eq!(stats.delivered, 0);
+    assert_eq!(stats.failed, 2);
+    assert_eq!(
+        stats.retries, 1,
+        "a refused TLS connection is a connect error: retried once"
+    );
+}
+
+#[test]
+fn reporter_outside_a_runtime_fails_open() {
+    let (mut q, h) = report::start(cfg(IngestTarget::Off, 10, 10));
+    emit_n(&mut q, 2);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let stats = rt.block_on(h.shutdown());
+    assert_eq!(stats.delivered, 0);
+    assert_eq!(stats.dropped, 2, "counted, never a panic");
+}
