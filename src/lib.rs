@@ -132,7 +132,9 @@ fn run_stdio(cfg: &config::Config) -> i32 {
     let observing = rt.spawn(observe::run_tap_observer(rx, observer));
 
     let proxy = proxy::stdio::StdioProxy::new(program.clone(), args.clone());
-    let outcome = proxy.run_observed(c2s, s2c, rt.handle().clone());
+    // The relay runs on its own threads, not on the runtime: the caller's (main) thread spawns
+    // the child and drives the session.
+    let outcome = proxy.run_observed(c2s, s2c);
 
     let cause = outcome.end_cause;
     let stats = rt.block_on(async move {
@@ -151,6 +153,12 @@ fn run_stdio(cfg: &config::Config) -> i32 {
                 bytes_c2s = s.bytes[0],
                 bytes_s2c = s.bytes[1],
                 events = s.events,
+                non_json = s.non_json,
+                malformed = s.malformed,
+                oversize = s.oversize,
+                duplicate_ids = s.duplicate_ids,
+                orphan_responses = s.orphan_responses,
+                gaps = s.gaps,
                 "Observer totals"
             );
         }

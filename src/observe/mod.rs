@@ -1,11 +1,55 @@
 //! The observer: turns forwarded JSON-RPC traffic into one [`Event`] per `tools/call`.
 //!
-//! NOT YET BUILT (issue 3). The interface below is the contract the proxies call.
+//! Goes in: copies of the bytes the relay forwarded, with the relay's timestamps — as tap chunks
+//! ([`run_tap_observer`], stdio) or as whole frames ([`Observer::on_frame`], HTTP bodies and SSE
+//! data). Comes out: finished events, handed to an [`EventSink`] (the reporter's queue), plus
+//! [`ObserverStats`]. It runs on its own task, off the relay path, and must never block or slow
+//! the relay, never panic on what it reads, and never put a request or response value into an
+//! event except allow-listed scalar arguments that passed the privacy layers.
+//!
+//! The journey inside: [`frame`] splits chunks into frames (bounded by [`frame::DEFAULT_FRAME_CAP`]),
+//! [`frame::split_batch`] splits JSON-RPC batches into elements, [`peek`] reads the few fields
+//! needed with borrowed types, [`correlate`] matches responses to requests by (scope, direction,
+//! id), [`catalog`] fingerprints `tools/list`, and the event is built here.
+//!
+//! Decisions worth knowing:
+//! * **Call timeout** (`--call-timeout-ms`, default [`crate::config::DEFAULT_CALL_TIMEOUT`]): a
+//!   `tools/call` with no answer that long after its latest request round ends as 504 `timeout`,
+//!   checked by [`Observer::on_tick`] about once a second. A call still open when the session
+//!   ends is 504 too ([`EndCause::SessionEnd`]), or 502 `transport` when the server went away.
+//! * **2026-07-28 multi round-trip**: a result with `resultType` `"input_required"` (or the
+//!   draft's `"incomplete"`) does not end the action. The client's retry (a new id) joins it when
+//!   it echoes the `requestState` the server sent (matched by digest, in any scope), or else, when
+//!   it carries `requestState`/`inputResponses`, when it calls the same tool as an action waiting
+//!   for input in the same scope (oldest first) or in a scope that has ended (stateless HTTP,
+//!   where every POST is its own scope). A `tools/call` with neither field is always a new action.
+//!   The one event spans the first request to the final result; `bytes` sums every round.
+//!   An action whose retry never comes ends as 504 after the call timeout.
+//! * Server→client requests (sampling, roots, elicitation) are correlated in their own direction,
+//!   so neither they nor the client's answers to them are ever taken for a tool result.
+//! * Bad input (non-JSON frames, wrong field types, frames over the cap, duplicate ids, responses
+//!   to unknown ids) is counted in [`ObserverStats`] with at most one warning per kind.
 
-use std::time::{Duration, Instant};
+pub mod catalog;
+pub mod correlate;
+pub mod frame;
+pub mod peek;
 
-use crate::event::{Event, EventSink};
-use crate::tap::{Direction, TapReceiver};
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Map;
+
+use crate::event::privacy::CapturePolicy;
+use crate::event::{
+    new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session,
+};
+use crate::tap::{Direction, TapMsg, TapReceiver};
+
+use catalog::Catalog;
+use correlate::{state_digest, Action, ActionState, Key, Outcome, Pending, PendingKind};
+use frame::{split_batch, FrameSplitter, Split};
+use peek::{peek, Lenient, Peek, PeekError, RpcId};
 
 /// A correlation scope: messages whose ids are matched together (keyed by scope, direction, id).
 /// Stdio has one scope (0). HTTP: one per `Mcp-Session-Id` (all POSTs and the GET stream of that
@@ -45,78 +89,754 @@ pub enum EndCause {
     SessionEnd,
 }
 
-/// Counters printed at exit with `--debug`.
+impl EndCause {
+    fn outcome(self) -> Outcome {
+        match self {
+            EndCause::Transport => Outcome::Transport,
+            EndCause::SessionEnd => Outcome::Timeout,
+        }
+    }
+}
+
+/// Counters printed at exit with `--debug`. Index 0 is client→server, 1 server→client.
 #[derive(Debug, Clone, Default)]
 pub struct ObserverStats {
     pub frames: [u64; 2],
     pub bytes: [u64; 2],
     pub events: u64,
+    /// Frames (or batch elements) that are not JSON.
+    pub non_json: u64,
+    /// JSON, but not a JSON-RPC message of the expected shape (wrong field types, not an object).
+    pub malformed: u64,
+    /// Frames over the frame cap: measured, not parsed.
+    pub oversize: u64,
+    /// Requests reusing an id still pending in the same scope and direction.
+    pub duplicate_ids: u64,
+    /// Responses to no pending request (unknown id, or a second response).
+    pub orphan_responses: u64,
+    /// Chunks that arrived after the tap dropped some: the splitter resynchronised.
+    pub gaps: u64,
+}
+
+/// How often [`run_tap_observer`] checks call timeouts. Timeouts are minutes; a second is plenty.
+pub const TICK: Duration = Duration::from_secs(1);
+
+/// Most requests tracked at once; beyond it new non-tool requests are not tracked (bounds memory
+/// against a peer that never answers). Tool calls are always tracked.
+pub const MAX_PENDING: usize = 100_000;
+
+/// Longest tool name accepted (the MCP spec recommends at most 128 characters).
+pub const MAX_TOOL_NAME: usize = 128;
+
+/// Longest server name, client name or protocol string kept.
+const MAX_INFO_LEN: usize = 128;
+
+/// Per-scope session facts.
+#[derive(Debug, Clone, Default)]
+struct ScopeInfo {
+    session_id: Option<String>,
+    /// From the `initialize` result (negotiated).
+    protocol_negotiated: Option<String>,
+    /// From the `initialize` request or a 2026-07-28 request's `_meta`.
+    protocol_requested: Option<String>,
+    client: Option<String>,
+}
+
+/// Which warnings were already printed (at most one each).
+#[derive(Debug, Default)]
+struct Warned {
+    non_json: bool,
+    malformed: bool,
+    oversize: bool,
+    duplicate: bool,
+    orphan: bool,
+    gap: bool,
+}
+
+fn opposite(d: Direction) -> Direction {
+    match d {
+        Direction::ClientToServer => Direction::ServerToClient,
+        Direction::ServerToClient => Direction::ClientToServer,
+    }
+}
+
+/// A short single-line string, or nothing.
+fn clean(s: &str, max: usize) -> Option<String> {
+    let ok = !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control);
+    ok.then(|| s.to_string())
+}
+
+fn lenient_str<'a>(l: &'a Lenient<std::borrow::Cow<'_, str>>) -> Option<&'a str> {
+    l.ok().map(|c| c.as_ref())
 }
 
 pub struct Observer<S: EventSink> {
-    #[allow(dead_code)]
     cfg: ObserverConfig,
-    #[allow(dead_code)]
     sink: S,
     stats: ObserverStats,
+    policy: CapturePolicy,
+    catalog: Catalog,
+    /// `serverInfo.name` seen in an `initialize` or `server/discover` result.
+    server_name: Option<String>,
+    pending: HashMap<Key, Pending>,
+    actions: HashMap<u64, Action>,
+    next_action: u64,
+    scopes: HashMap<StreamId, ScopeInfo>,
+    /// Stdio: one random session id per wrapper process.
+    stdio_session: String,
+    warned: Warned,
 }
 
 impl<S: EventSink> Observer<S> {
     pub fn new(cfg: ObserverConfig, sink: S) -> Self {
+        let policy = CapturePolicy::new(&cfg.capture);
         Observer {
             cfg,
             sink,
             stats: ObserverStats::default(),
+            policy,
+            catalog: Catalog::default(),
+            server_name: None,
+            pending: HashMap::new(),
+            actions: HashMap::new(),
+            next_action: 0,
+            scopes: HashMap::new(),
+            stdio_session: new_event_id(),
+            warned: Warned::default(),
         }
     }
 
-    /// One complete frame (one JSON-RPC message or batch, without its newline).
-    pub fn on_frame(&mut self, _stream: StreamId, dir: Direction, _seen: Instant, frame: &[u8]) {
+    /// The counters so far.
+    pub fn stats(&self) -> &ObserverStats {
+        &self.stats
+    }
+
+    /// Calls in flight or waiting for a 2026-07-28 retry.
+    pub fn open_actions(&self) -> usize {
+        self.actions.len()
+    }
+
+    /// One complete frame (one JSON-RPC message or batch, without its newline). `seen` is when
+    /// the relay read its last byte.
+    pub fn on_frame(&mut self, stream: StreamId, dir: Direction, seen: Instant, frame: &[u8]) {
         self.stats.frames[dir.index()] += 1;
         self.stats.bytes[dir.index()] += frame.len() as u64;
+        let first = frame.iter().find(|b| !b.is_ascii_whitespace());
+        if first == Some(&b'[') {
+            match split_batch(frame) {
+                Some(elements) => {
+                    for r in elements {
+                        self.on_message(stream, dir, seen, &frame[r]);
+                    }
+                }
+                None => self.count_non_json(),
+            }
+        } else {
+            self.on_message(stream, dir, seen, frame);
+        }
+    }
+
+    /// A frame longer than the cap went past: counted and measured, not parsed.
+    pub fn on_oversize_frame(&mut self, dir: Direction, len: u64) {
+        self.stats.frames[dir.index()] += 1;
+        self.stats.bytes[dir.index()] += len;
+        self.stats.oversize += 1;
+        if !self.warned.oversize {
+            self.warned.oversize = true;
+            tracing::warn!(
+                len,
+                cap = frame::DEFAULT_FRAME_CAP,
+                "A message is larger than the frame cap: relayed unchanged, not observed"
+            );
+        }
     }
 
     /// HTTP: the upstream answered the POST carrying `request_body` with a non-2xx status, or
     /// could not be reached (the proxy passes 502): every `tools/call` request in that body that
-    /// has no response yet ends with `status`.
+    /// has no response yet ends with `status`. The body must have been passed to
+    /// [`Observer::on_frame`] first (that is when the request was seen).
     pub fn on_http_failure(
         &mut self,
-        _scope: StreamId,
-        _request_body: &[u8],
-        _status: u16,
-        _seen: Instant,
+        scope: StreamId,
+        request_body: &[u8],
+        status: u16,
+        seen: Instant,
     ) {
+        let whole = std::iter::once(0..request_body.len());
+        let ranges: Vec<std::ops::Range<usize>> = match split_batch(request_body) {
+            Some(r) => r,
+            None => whole.collect(),
+        };
+        for r in ranges {
+            let Ok(p) = peek(&request_body[r]) else {
+                continue;
+            };
+            let Lenient::Ok(id) = p.id else { continue };
+            let key = Key {
+                scope,
+                dir: Direction::ClientToServer,
+                id,
+            };
+            if let Some(pending) = self.pending.remove(&key) {
+                if let PendingKind::ToolCall(aid) = pending.kind {
+                    let outcome = if status == 502 {
+                        Outcome::Transport
+                    } else {
+                        Outcome::HttpStatus(status)
+                    };
+                    self.finish_action(aid, outcome, seen);
+                }
+            }
+        }
     }
 
     /// HTTP: events in `scope` carry `session.id = session_hash` (a hash, never the raw id).
-    pub fn set_scope_session(&mut self, _scope: StreamId, _session_hash: String) {}
+    pub fn set_scope_session(&mut self, scope: StreamId, session_hash: String) {
+        self.scopes.entry(scope).or_default().session_id = Some(session_hash);
+    }
 
     /// HTTP: the scope is over (DELETE, session gone, or a stateless POST finished, or the
-    /// client disconnected): calls still in flight in it end with `cause`.
-    pub fn end_scope(&mut self, _scope: StreamId, _seen: Instant, _cause: EndCause) {}
+    /// client disconnected): calls still in flight in it end with `cause`. Actions waiting for a
+    /// 2026-07-28 retry stay open: the retry may arrive in another scope.
+    pub fn end_scope(&mut self, scope: StreamId, seen: Instant, cause: EndCause) {
+        let ending: Vec<u64> = self
+            .actions
+            .iter()
+            .filter(|(_, a)| a.scope == scope)
+            .filter_map(|(id, a)| matches!(a.state, ActionState::InFlight(_)).then_some(*id))
+            .collect();
+        for aid in ending {
+            self.finish_action(aid, cause.outcome(), seen);
+        }
+        for a in self.actions.values_mut().filter(|a| a.scope == scope) {
+            a.scope_open = false;
+        }
+        self.pending.retain(|k, _| k.scope != scope);
+        self.scopes.remove(&scope);
+    }
 
-    /// Expires calls older than the call timeout (504).
-    pub fn on_tick(&mut self, _now: Instant) {}
+    /// Expires calls older than the call timeout (504), and forgets other requests that old.
+    pub fn on_tick(&mut self, now: Instant) {
+        let timeout = self.cfg.call_timeout;
+        let expired: Vec<u64> = self
+            .actions
+            .iter()
+            .filter(|(_, a)| now.saturating_duration_since(a.last_activity) > timeout)
+            .map(|(id, _)| *id)
+            .collect();
+        for aid in expired {
+            self.finish_action(aid, Outcome::Timeout, now);
+        }
+        self.pending.retain(|_, p| {
+            matches!(p.kind, PendingKind::ToolCall(_))
+                || now.saturating_duration_since(p.seen) <= timeout
+        });
+    }
 
-    /// Ends every call still in flight with `cause`, returns the counters.
-    pub fn finish(self, _now: Instant, _cause: EndCause) -> (ObserverStats, S) {
+    /// Ends every call still in flight (or waiting for a retry) with `cause`, returns the
+    /// counters and the sink.
+    pub fn finish(mut self, now: Instant, cause: EndCause) -> (ObserverStats, S) {
+        let mut open: Vec<(Instant, u64)> = self
+            .actions
+            .iter()
+            .map(|(id, a)| (a.started, *id))
+            .collect();
+        open.sort();
+        for (_, aid) in open {
+            self.finish_action(aid, cause.outcome(), now);
+        }
         (self.stats, self.sink)
+    }
+
+    fn count_non_json(&mut self) {
+        self.stats.non_json += 1;
+        if !self.warned.non_json {
+            self.warned.non_json = true;
+            tracing::warn!("A frame is not JSON: relayed unchanged, not observed");
+        }
+    }
+
+    fn count_malformed(&mut self) {
+        self.stats.malformed += 1;
+        if !self.warned.malformed {
+            self.warned.malformed = true;
+            tracing::warn!(
+                "A JSON-RPC message has fields of unexpected types: relayed unchanged, not observed"
+            );
+        }
+    }
+
+    fn on_gap(&mut self) {
+        self.stats.gaps += 1;
+        if !self.warned.gap {
+            self.warned.gap = true;
+            tracing::warn!(
+                "The observer fell behind and skipped some traffic; some calls may be missed"
+            );
+        }
+    }
+
+    fn on_message(&mut self, scope: StreamId, dir: Direction, seen: Instant, msg: &[u8]) {
+        let p = match peek(msg) {
+            Ok(p) => p,
+            Err(PeekError::NotJson) => return self.count_non_json(),
+            Err(PeekError::NotObject) => return self.count_malformed(),
+        };
+        match (&p.method, &p.id) {
+            (Lenient::Ok(m), Lenient::Ok(id)) => {
+                let m = m.to_string();
+                let id = id.clone();
+                self.on_request(scope, dir, seen, &m, id, &p, msg.len() as u64)
+            }
+            (Lenient::Ok(m), Lenient::Absent) => {
+                let m = m.to_string();
+                self.on_notification(scope, dir, seen, &m, &p)
+            }
+            (Lenient::Absent, Lenient::Ok(id)) => {
+                let id = id.clone();
+                self.on_response(scope, dir, seen, id, &p, msg)
+            }
+            // An error response with a null id (the peer could not parse a request) is valid
+            // JSON-RPC and answers nothing we track.
+            (Lenient::Absent, Lenient::Wrong) if !matches!(p.error, Lenient::Absent) => {}
+            _ => self.count_malformed(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_request(
+        &mut self,
+        scope: StreamId,
+        dir: Direction,
+        seen: Instant,
+        method: &str,
+        id: RpcId,
+        p: &Peek<'_>,
+        len: u64,
+    ) {
+        let key = Key { scope, dir, id };
+        if self.pending.contains_key(&key) {
+            self.stats.duplicate_ids += 1;
+            if !self.warned.duplicate {
+                self.warned.duplicate = true;
+                tracing::warn!(
+                    direction = dir.label(),
+                    "A request reuses the id of a request still pending: the first one is kept"
+                );
+            }
+            return;
+        }
+        let params = p.params.ok();
+        if dir == Direction::ClientToServer {
+            self.note_client_meta(scope, p);
+        }
+        let kind = match (dir, method) {
+            (Direction::ClientToServer, "tools/call") => {
+                match self.start_round(scope, seen, &key, p, len) {
+                    Some(aid) => PendingKind::ToolCall(aid),
+                    None => {
+                        self.count_malformed();
+                        PendingKind::Other
+                    }
+                }
+            }
+            (Direction::ClientToServer, "tools/list") => PendingKind::ToolsList {
+                first_page: params.is_none_or(|p| matches!(p.cursor, Lenient::Absent)),
+            },
+            (Direction::ClientToServer, "initialize") => {
+                if let Some(params) = params {
+                    let info = self.scopes.entry(scope).or_default();
+                    if let Some(v) = lenient_str(&params.protocol_version) {
+                        info.protocol_requested = clean(v, MAX_INFO_LEN);
+                    }
+                    if let Some(n) = params.client_info.ok().and_then(|c| lenient_str(&c.name)) {
+                        info.client = clean(n, MAX_INFO_LEN);
+                    }
+                }
+                PendingKind::Initialize
+            }
+            (Direction::ClientToServer, "server/discover") => PendingKind::Discover,
+            _ => PendingKind::Other,
+        };
+        if matches!(kind, PendingKind::ToolCall(_)) || self.pending.len() < MAX_PENDING {
+            self.pending.insert(key, Pending { kind, seen });
+        }
+    }
+
+    /// 2026-07-28 requests carry the protocol version and client identity in `_meta`.
+    fn note_client_meta(&mut self, scope: StreamId, p: &Peek<'_>) {
+        let Some(meta) = p.params.ok().and_then(|p| p.meta.ok()) else {
+            return;
+        };
+        let version = lenient_str(&meta.protocol_version).and_then(|v| clean(v, MAX_INFO_LEN));
+        let client = meta
+            .client_info
+            .ok()
+            .and_then(|c| lenient_str(&c.name))
+            .and_then(|n| clean(n, MAX_INFO_LEN));
+        if version.is_none() && client.is_none() {
+            return;
+        }
+        let info = self.scopes.entry(scope).or_default();
+        if version.is_some() {
+            info.protocol_requested = version;
+        }
+        if client.is_some() {
+            info.client = client;
+        }
+    }
+
+    /// A `tools/call` request: a new action, or the retry round of one waiting for input.
+    /// `None` if the request is malformed (no usable tool name).
+    fn start_round(
+        &mut self,
+        scope: StreamId,
+        seen: Instant,
+        key: &Key,
+        p: &Peek<'_>,
+        len: u64,
+    ) -> Option<u64> {
+        let params = p.params.ok()?;
+        let tool = clean(lenient_str(&params.name)?, MAX_TOOL_NAME)?;
+        let meta = params.meta.ok();
+        let echoed_state = lenient_str(&params.request_state)
+            .or_else(|| meta.and_then(|m| lenient_str(&m.request_state)));
+        let is_retry = echoed_state.is_some() || params.input_responses.is_some();
+        if is_retry {
+            if let Some(aid) = self.find_waiting(scope, &tool, echoed_state) {
+                if let Some(a) = self.actions.get_mut(&aid) {
+                    a.state = ActionState::InFlight(key.clone());
+                    a.scope = scope;
+                    a.scope_open = true;
+                    a.last_activity = seen;
+                    a.bytes_req += len;
+                    a.rounds += 1;
+                    return Some(aid);
+                }
+            }
+        }
+
+        let fields = params.arguments.ok().map(|args| {
+            let mut m = Map::new();
+            for (k, v) in &args.0 {
+                if m.len() >= crate::event::privacy::MAX_FIELDS {
+                    break;
+                }
+                if let Some(val) = v.as_scalar().and_then(|s| self.policy.capture(k, s)) {
+                    m.insert(k.to_string(), val);
+                }
+            }
+            m
+        });
+        let on_behalf_of = meta
+            .and_then(|m| lenient_str(&m.on_behalf_of))
+            .and_then(|s| clean(s, MAX_INFO_LEN))
+            .or_else(|| self.cfg.on_behalf_of.clone());
+        let aid = self.next_action;
+        self.next_action += 1;
+        let action = Action {
+            scope,
+            scope_open: true,
+            tool,
+            started: seen,
+            started_wall: wall_clock(seen),
+            last_activity: seen,
+            fields: fields.filter(|f| !f.is_empty()),
+            on_behalf_of,
+            registry_version: self.catalog.version().map(str::to_string),
+            session: self.session_for(scope),
+            bytes_req: len,
+            bytes_resp: 0,
+            rounds: 1,
+            state: ActionState::InFlight(key.clone()),
+        };
+        self.actions.insert(aid, action);
+        Some(aid)
+    }
+
+    /// The action a 2026-07-28 retry continues (see the module docs for the rule).
+    fn find_waiting(&self, scope: StreamId, tool: &str, echoed: Option<&str>) -> Option<u64> {
+        let waiting = || {
+            self.actions
+                .iter()
+                .filter(|(_, a)| matches!(a.state, ActionState::AwaitingInput { .. }))
+        };
+        if let Some(state) = echoed {
+            let d = state_digest(state);
+            let hit = waiting()
+                .find(|(_, a)| a.state == ActionState::AwaitingInput { state: Some(d) })
+                .map(|(id, _)| *id);
+            if hit.is_some() {
+                return hit;
+            }
+        }
+        let oldest = |same_scope: bool| {
+            waiting()
+                .filter(|(_, a)| a.tool == tool)
+                .filter(|(_, a)| {
+                    if same_scope {
+                        a.scope == scope
+                    } else {
+                        !a.scope_open
+                    }
+                })
+                .min_by_key(|(id, a)| (a.started, **id))
+                .map(|(id, _)| *id)
+        };
+        oldest(true).or_else(|| oldest(false))
+    }
+
+    fn session_for(&self, scope: StreamId) -> Option<Session> {
+        let info = self.scopes.get(&scope);
+        let id = match self.cfg.transport {
+            Transport::Stdio => Some(self.stdio_session.clone()),
+            Transport::Http { .. } => info.and_then(|i| i.session_id.clone()),
+        }?;
+        Some(Session {
+            id,
+            protocol: info.and_then(|i| {
+                i.protocol_negotiated
+                    .clone()
+                    .or_else(|| i.protocol_requested.clone())
+            }),
+            client: info.and_then(|i| i.client.clone()),
+        })
+    }
+
+    fn on_notification(
+        &mut self,
+        scope: StreamId,
+        dir: Direction,
+        seen: Instant,
+        method: &str,
+        p: &Peek<'_>,
+    ) {
+        match method {
+            "notifications/cancelled" => {
+                let Some(params) = p.params.ok() else {
+                    return self.count_malformed();
+                };
+                let Lenient::Ok(id) = &params.request_id else {
+                    return self.count_malformed();
+                };
+                // The sender of a cancellation is the sender of the request it cancels.
+                let key = Key {
+                    scope,
+                    dir,
+                    id: id.clone(),
+                };
+                if let Some(pending) = self.pending.remove(&key) {
+                    if let PendingKind::ToolCall(aid) = pending.kind {
+                        self.finish_action(aid, Outcome::Cancelled, seen);
+                    }
+                }
+            }
+            "notifications/tools/list_changed" if dir == Direction::ServerToClient => {
+                self.catalog.invalidate();
+            }
+            _ => {}
+        }
+    }
+
+    fn on_response(
+        &mut self,
+        scope: StreamId,
+        dir: Direction,
+        seen: Instant,
+        id: RpcId,
+        p: &Peek<'_>,
+        msg: &[u8],
+    ) {
+        let key = Key {
+            scope,
+            dir: opposite(dir),
+            id,
+        };
+        let Some(pending) = self.pending.remove(&key) else {
+            self.stats.orphan_responses += 1;
+            if !self.warned.orphan {
+                self.warned.orphan = true;
+                tracing::warn!(
+                    direction = dir.label(),
+                    "A response matches no pending request (unknown or repeated id)"
+                );
+            }
+            return;
+        };
+        match pending.kind {
+            PendingKind::ToolCall(aid) => self.on_tool_response(aid, seen, p, msg.len() as u64),
+            PendingKind::ToolsList { first_page } => {
+                if matches!(p.result, Lenient::Ok(_)) {
+                    self.catalog.on_list_response(msg, first_page);
+                }
+            }
+            PendingKind::Initialize | PendingKind::Discover => {
+                let Some(r) = p.result.ok() else { return };
+                if let Some(n) = r.server_info.ok().and_then(|i| lenient_str(&i.name)) {
+                    if let Some(n) = clean(n, MAX_INFO_LEN) {
+                        self.server_name = Some(n);
+                    }
+                }
+                if pending.kind == PendingKind::Initialize {
+                    if let Some(v) = lenient_str(&r.protocol_version) {
+                        self.scopes.entry(scope).or_default().protocol_negotiated =
+                            clean(v, MAX_INFO_LEN);
+                    }
+                }
+            }
+            PendingKind::Other => {}
+        }
+    }
+
+    fn on_tool_response(&mut self, aid: u64, seen: Instant, p: &Peek<'_>, len: u64) {
+        let Some(a) = self.actions.get_mut(&aid) else {
+            return;
+        };
+        a.bytes_resp += len;
+        let outcome = if let Lenient::Ok(e) = &p.error {
+            Outcome::JsonRpc(e.code.ok().copied())
+        } else if let Lenient::Ok(r) = &p.result {
+            let rt = lenient_str(&r.result_type);
+            if matches!(rt, Some("input_required") | Some("incomplete")) {
+                a.state = ActionState::AwaitingInput {
+                    state: lenient_str(&r.request_state).map(state_digest),
+                };
+                a.last_activity = seen;
+                return;
+            }
+            if r.is_error == Lenient::Ok(true) {
+                Outcome::ToolError
+            } else {
+                Outcome::Success
+            }
+        } else {
+            // An answer without a usable result or error: the server did answer, so the call
+            // is over; the oddity is counted.
+            self.count_malformed();
+            Outcome::Success
+        };
+        self.finish_action(aid, outcome, seen);
+    }
+
+    fn finish_action(&mut self, aid: u64, outcome: Outcome, end: Instant) {
+        let Some(a) = self.actions.remove(&aid) else {
+            return;
+        };
+        if let ActionState::InFlight(key) = &a.state {
+            self.pending.remove(key);
+        }
+        let server = self
+            .cfg
+            .server_name
+            .clone()
+            .or_else(|| self.server_name.clone())
+            .unwrap_or_else(|| crate::config::DEFAULT_SERVER_NAME.to_string());
+        let host = match &self.cfg.transport {
+            Transport::Stdio => format!("mcp://{server}"),
+            Transport::Http { host } => host.clone(),
+        };
+        // The scope's facts may have been completed after the call started (HTTP learns the
+        // session id from a response header); a scope already gone keeps the snapshot.
+        let session = if self.scopes.contains_key(&a.scope) {
+            self.session_for(a.scope).or(a.session)
+        } else {
+            a.session
+        };
+        let dur = end.saturating_duration_since(a.started);
+        // Microsecond resolution: sub-ms precision without pretending to nanoseconds.
+        let dur_ms = (dur.as_nanos() / 1_000) as f64 / 1_000.0;
+        let event = Event {
+            v: crate::event::EVENT_SCHEMA_VERSION,
+            id: new_event_id(),
+            ts: rfc3339_ms(a.started_wall),
+            class: outcome.class(),
+            rec: Rec {
+                rail: "mcp".to_string(),
+                action: a.tool.clone(),
+                registry_version: a.registry_version,
+                fields: a.fields,
+            },
+            dest: Dest {
+                host,
+                path_template: format!("/{}", a.tool),
+                method: "POST".to_string(),
+            },
+            actor: Actor {
+                id: self.cfg.actor.clone(),
+                kind: "agent".to_string(),
+                grade: "attested".to_string(),
+            },
+            on_behalf_of: a.on_behalf_of,
+            status: outcome.status(),
+            dur_ms,
+            bytes: ByteSizes {
+                req: a.bytes_req,
+                resp: a.bytes_resp,
+            },
+            session,
+            err: outcome.err(),
+        };
+        self.stats.events += 1;
+        self.sink.emit(event);
+    }
+
+    fn on_split(&mut self, stream: StreamId, dir: Direction, seen: Instant, s: Split<'_>) {
+        match s {
+            Split::Frame(f) => self.on_frame(stream, dir, seen, f),
+            Split::Oversize(n) => self.on_oversize_frame(dir, n),
+        }
     }
 }
 
+/// The wall-clock time of a monotonic instant in the recent past.
+fn wall_clock(seen: Instant) -> SystemTime {
+    let age = Instant::now().saturating_duration_since(seen);
+    SystemTime::now()
+        .checked_sub(age)
+        .unwrap_or_else(SystemTime::now)
+}
+
 /// Drives an observer from the stdio tap until both directions close, then returns it
-/// (the caller decides the [`EndCause`] for calls still in flight).
+/// (the caller decides the [`EndCause`] for calls still in flight). Splits each direction into
+/// frames, stamps each frame with the relay time of the chunk that completed it, and checks
+/// call timeouts every [`TICK`].
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
 ) -> Observer<S> {
-    while let Some(msg) = rx.recv().await {
-        if let crate::tap::TapMsg::Chunk(c) = msg {
-            observer.on_frame(StreamId(0), c.dir, c.seen, &c.bytes);
+    let stream = StreamId(0);
+    let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
+    let mut last_seen: [Option<Instant>; 2] = [None, None];
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(TapMsg::Chunk(c)) => {
+                    let i = c.dir.index();
+                    if c.after_gap {
+                        observer.on_gap();
+                    }
+                    last_seen[i] = Some(c.seen);
+                    splitters[i].push(&c.bytes, c.after_gap, |s| {
+                        observer.on_split(stream, c.dir, c.seen, s)
+                    });
+                }
+                Some(TapMsg::Closed { dir, seen }) => {
+                    let at = last_seen[dir.index()].unwrap_or(seen);
+                    splitters[dir.index()].flush(|s| observer.on_split(stream, dir, at, s));
+                }
+                None => break,
+            },
+            _ = tick.tick() => observer.on_tick(Instant::now()),
         }
+    }
+    for dir in [Direction::ClientToServer, Direction::ServerToClient] {
+        let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
+        splitters[dir.index()].flush(|s| observer.on_split(stream, dir, at, s));
     }
     observer
 }
 
-#[allow(dead_code)]
-fn _assert_event_is_used(_e: Event) {}
+#[cfg(test)]
+mod tests;

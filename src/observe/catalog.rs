@@ -1,0 +1,180 @@
+//! The tool catalog fingerprint: `rec.registryVersion` (DESIGN §4).
+//!
+//! Goes in: `tools/list` results (page by page) and `notifications/tools/list_changed`. Comes
+//! out: a short SHA-256 hex of the canonical catalog — every tool's name, description and input
+//! schema, tools sorted by name, object keys sorted, compact JSON — or `None` until a complete
+//! list was seen (and again after `list_changed` until the next complete list). This is the one
+//! place the observer builds a `serde_json::Value`, and only of a `tools/list` result, which is
+//! small. Never keeps anything but names, descriptions and schemas, and never emits them.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Hex characters of the SHA-256 kept: 64 bits tell catalogs apart in practice and keep events
+/// short.
+pub const REGISTRY_VERSION_HEX: usize = 16;
+
+/// Most tools kept while merging pages; a server listing more is still fingerprinted on the
+/// first ones (bounds memory against a hostile server).
+pub const MAX_TOOLS: usize = 10_000;
+
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pages: Vec<Value>,
+    version: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ListResponse {
+    result: ListResult,
+}
+
+#[derive(Deserialize)]
+struct ListResult {
+    #[serde(default)]
+    tools: Vec<Value>,
+    #[serde(default, rename = "nextCursor")]
+    next_cursor: Option<Value>,
+}
+
+impl Catalog {
+    /// The current fingerprint.
+    pub fn version(&self) -> Option<&str> {
+        self.version.as_deref()
+    }
+
+    /// `notifications/tools/list_changed`: the old fingerprint no longer describes the server.
+    pub fn invalidate(&mut self) {
+        self.version = None;
+    }
+
+    /// One `tools/list` response message (`first_page`: its request had no cursor). Returns
+    /// false if the result is not a tool list (then nothing changes).
+    pub fn on_list_response(&mut self, msg: &[u8], first_page: bool) -> bool {
+        let Ok(r) = serde_json::from_slice::<ListResponse>(msg) else {
+            return false;
+        };
+        if first_page {
+            self.pages.clear();
+        }
+        for t in r.result.tools {
+            if self.pages.len() >= MAX_TOOLS {
+                break;
+            }
+            self.pages.push(canonical_tool(&t));
+        }
+        let last = matches!(r.result.next_cursor, None | Some(Value::Null));
+        if last {
+            self.version = Some(fingerprint(&mut self.pages));
+            self.pages = Vec::new();
+        }
+        true
+    }
+}
+
+fn canonical_tool(t: &Value) -> Value {
+    let mut m = Map::new();
+    for k in ["name", "description", "inputSchema"] {
+        m.insert(
+            k.to_string(),
+            t.get(k).map(sort_keys).unwrap_or(Value::Null),
+        );
+    }
+    Value::Object(m)
+}
+
+/// Recursively sorted keys, whatever order the map type keeps.
+fn sort_keys(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let mut out = Map::new();
+            for k in keys {
+                out.insert(k.clone(), sort_keys(&m[k]));
+            }
+            Value::Object(out)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sort_keys).collect()),
+        other => other.clone(),
+    }
+}
+
+fn fingerprint(tools: &mut [Value]) -> String {
+    tools.sort_by(|a, b| {
+        let name = |v: &Value| {
+            v.get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        name(a)
+            .cmp(&name(b))
+            .then_with(|| a.to_string().cmp(&b.to_string()))
+    });
+    let canon = Value::Array(tools.to_vec()).to_string();
+    let digest = ring::digest::digest(&ring::digest::SHA256, canon.as_bytes());
+    digest
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()[..REGISTRY_VERSION_HEX]
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = r#"{"name":"a","description":"A","inputSchema":{"type":"object","properties":{"x":{"type":"string"}}}}"#;
+    const B: &str = r#"{"name":"b","description":"B","inputSchema":{"type":"object"}}"#;
+
+    fn list(tools: &[&str], cursor: Option<&str>) -> Vec<u8> {
+        let next = cursor
+            .map(|c| format!(",\"nextCursor\":\"{c}\""))
+            .unwrap_or_default();
+        format!(
+            "{{\"id\":1,\"result\":{{\"tools\":[{}]{next}}}}}",
+            tools.join(",")
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn order_and_key_order_do_not_change_the_version() {
+        let mut c1 = Catalog::default();
+        assert!(c1.on_list_response(&list(&[A, B], None), true));
+        let v1 = c1.version().expect("v").to_string();
+        assert_eq!(v1.len(), REGISTRY_VERSION_HEX);
+        let a_reordered = r#"{"inputSchema":{"properties":{"x":{"type":"string"}},"type":"object"},"description":"A","name":"a","title":"ignored"}"#;
+        let mut c2 = Catalog::default();
+        c2.on_list_response(&list(&[B, a_reordered], None), true);
+        assert_eq!(c2.version(), Some(v1.as_str()));
+    }
+
+    #[test]
+    fn pages_are_merged_and_changes_show() {
+        let mut whole = Catalog::default();
+        whole.on_list_response(&list(&[A, B], None), true);
+        let mut paged = Catalog::default();
+        paged.on_list_response(&list(&[A], Some("p2")), true);
+        assert_eq!(paged.version(), None, "incomplete list has no version yet");
+        paged.on_list_response(&list(&[B], None), false);
+        assert_eq!(paged.version(), whole.version());
+
+        paged.invalidate();
+        assert_eq!(paged.version(), None);
+        let b2 = r#"{"name":"b","description":"B, now different","inputSchema":{"type":"object"}}"#;
+        paged.on_list_response(&list(&[A, b2], None), true);
+        assert!(paged.version().is_some());
+        assert_ne!(paged.version(), whole.version());
+    }
+
+    #[test]
+    fn non_list_results_change_nothing() {
+        let mut c = Catalog::default();
+        assert!(!c.on_list_response(br#"{"id":1,"result":{"tools":"x"}}"#, true));
+        assert!(!c.on_list_response(b"garbage", true));
+        assert_eq!(c.version(), None);
+    }
+}

@@ -1,0 +1,609 @@
+//! Observer unit tests: real JSON-RPC frames in, events out, through the public API.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::event::{filter_event, ErrKind, EventClass};
+use crate::tap::Direction::{ClientToServer as C2S, ServerToClient as S2C};
+
+fn cfg() -> ObserverConfig {
+    ObserverConfig {
+        transport: Transport::Stdio,
+        server_name: None,
+        actor: "mcp:k1".into(),
+        on_behalf_of: None,
+        capture: vec![],
+        call_timeout: Duration::from_secs(30),
+    }
+}
+
+struct T {
+    obs: Observer<Vec<Event>>,
+    t0: Instant,
+}
+
+impl T {
+    fn new() -> Self {
+        Self::with(cfg())
+    }
+    fn with(c: ObserverConfig) -> Self {
+        T {
+            obs: Observer::new(c, Vec::new()),
+            t0: Instant::now(),
+        }
+    }
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+    fn send(&mut self, dir: Direction, ms: u64, v: Value) {
+        let bytes = v.to_string();
+        let at = self.at(ms);
+        self.obs.on_frame(StreamId(0), dir, at, bytes.as_bytes());
+    }
+    fn raw(&mut self, dir: Direction, ms: u64, b: &[u8]) {
+        let at = self.at(ms);
+        self.obs.on_frame(StreamId(0), dir, at, b);
+    }
+    fn finish(self, ms: u64, cause: EndCause) -> (ObserverStats, Vec<Event>) {
+        let at = self.at(ms);
+        let (stats, events) = self.obs.finish(at, cause);
+        for e in &events {
+            filter_event(e).expect("every built event passes the L3 filter");
+        }
+        (stats, events)
+    }
+}
+
+fn call(id: Value, tool: &str, args: Value) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":args}})
+}
+
+fn ok(id: Value) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"done"}]}})
+}
+
+#[test]
+fn successful_call_becomes_one_action_event_with_captured_fields() {
+    let mut t = T::new();
+    t.send(
+        C2S,
+        0,
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",
+            "clientInfo":{"name":"test-client","version":"1"},"capabilities":{}}}),
+    );
+    t.send(
+        S2C,
+        1,
+        json!({"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","serverInfo":{"name":"payments","version":"1"},"capabilities":{}}}),
+    );
+    t.send(
+        C2S,
+        10,
+        call(
+            json!(1),
+            "issue_refund",
+            json!({"amount_cents":4900,"currency":"EUR","customer_email":"jane@example.com","reason":"refund for jane@example.com"}),
+        ),
+    );
+    t.send(S2C, 35, ok(json!(1)));
+    let (stats, events) = t.finish(100, EndCause::SessionEnd);
+    assert_eq!(events.len(), 1);
+    let e = &events[0];
+    assert_eq!(e.class, EventClass::Action);
+    assert_eq!(e.status, 200);
+    assert_eq!(e.rec.action, "issue_refund");
+    assert_eq!(e.dest.host, "mcp://payments");
+    assert_eq!(e.dest.path_template, "/issue_refund");
+    assert_eq!(e.actor.id, "mcp:k1");
+    assert!((e.dur_ms - 25.0).abs() < 0.001, "{}", e.dur_ms);
+    let fields = e.rec.fields.as_ref().expect("fields");
+    assert_eq!(fields.get("amount_cents"), Some(&json!(4900)));
+    assert_eq!(fields.get("currency"), Some(&json!("EUR")));
+    assert!(fields.get("customer_email").is_none());
+    assert!(fields.get("reason").is_none(), "reason carried an e-mail");
+    let s = e.session.as_ref().expect("session");
+    assert_eq!(s.protocol.as_deref(), Some("2025-06-18"));
+    assert_eq!(s.client.as_deref(), Some("test-client"));
+    assert!(e.bytes.req > 50 && e.bytes.resp > 20);
+    assert_eq!(stats.events, 1);
+    let text = serde_json::to_string(&events).expect("json");
+    assert!(!text.contains("jane@example.com"));
+}
+
+#[test]
+fn outcomes_map_to_status_class_and_err() {
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "a", json!({})));
+    t.send(
+        S2C,
+        1,
+        json!({"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":true}}),
+    );
+    t.send(C2S, 2, call(json!(2), "b", json!({})));
+    t.send(
+        S2C,
+        3,
+        json!({"jsonrpc":"2.0","id":2,"error":{"code":-32601,"message":"nope"}}),
+    );
+    t.send(C2S, 4, call(json!(3), "c", json!({})));
+    t.send(
+        S2C,
+        5,
+        json!({"jsonrpc":"2.0","id":3,"error":{"code":-32602,"message":"bad"}}),
+    );
+    t.send(C2S, 6, call(json!("x"), "d", json!({})));
+    t.send(
+        C2S,
+        7,
+        json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"x","reason":"user"}}),
+    );
+    t.send(S2C, 8, ok(json!("x")));
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    let got: Vec<(&str, u16, Option<ErrKind>, Option<i64>)> = events
+        .iter()
+        .map(|e| {
+            (
+                e.rec.action.as_str(),
+                e.status,
+                e.err.as_ref().map(|x| x.kind),
+                e.err.as_ref().and_then(|x| x.code),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a", 500, Some(ErrKind::Tool), None),
+            ("b", 404, Some(ErrKind::Jsonrpc), Some(-32601)),
+            ("c", 400, Some(ErrKind::Jsonrpc), Some(-32602)),
+            ("d", 499, Some(ErrKind::Cancelled), None),
+        ]
+    );
+    assert!(events.iter().all(|e| e.class == EventClass::Error));
+    assert_eq!(
+        stats.orphan_responses, 1,
+        "the late answer to a cancelled call"
+    );
+}
+
+#[test]
+fn server_to_client_requests_with_the_same_id_are_not_tool_results() {
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "ask", json!({})));
+    // The server asks the client to sample, reusing id 1 in its own direction.
+    t.send(
+        S2C,
+        5,
+        json!({"jsonrpc":"2.0","id":1,"method":"sampling/createMessage","params":{"messages":[],"maxTokens":5}}),
+    );
+    t.send(
+        C2S,
+        10,
+        json!({"jsonrpc":"2.0","id":1,"result":{"role":"assistant","content":{"type":"text","text":"hi"},"model":"m"}}),
+    );
+    t.send(
+        S2C,
+        12,
+        json!({"jsonrpc":"2.0","id":2,"method":"elicitation/create","params":{"message":"?","requestedSchema":{"type":"object"}}}),
+    );
+    t.send(
+        C2S,
+        20,
+        json!({"jsonrpc":"2.0","id":2,"result":{"action":"accept","content":{"x":1},"isError":true}}),
+    );
+    let (_, before) = {
+        let s = t.obs.stats().clone();
+        (s, t.obs.open_actions())
+    };
+    assert_eq!(before, 1, "the tool call is still open");
+    t.send(S2C, 30, ok(json!(1)));
+    let (stats, events) = t.finish(40, EndCause::SessionEnd);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].status, 200);
+    assert!((events[0].dur_ms - 30.0).abs() < 0.001);
+    assert_eq!(stats.orphan_responses, 0);
+}
+
+#[test]
+fn input_required_rounds_become_one_event() {
+    let mut t = T::new();
+    t.send(
+        C2S,
+        0,
+        json!({"jsonrpc":"2.0","id":"d","method":"server/discover","params":{"_meta":{
+            "io.modelcontextprotocol/protocolVersion":"2026-07-28",
+            "io.modelcontextprotocol/clientInfo":{"name":"new-client","version":"1"}}}}),
+    );
+    t.send(
+        S2C,
+        1,
+        json!({"jsonrpc":"2.0","id":"d","result":{"resultType":"complete","supportedVersions":["2026-07-28"],
+            "capabilities":{},"serverInfo":{"name":"era2026","version":"1"}}}),
+    );
+    t.send(C2S, 10, call(json!(1), "book", json!({"quantity":2})));
+    t.send(
+        S2C,
+        20,
+        json!({"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required",
+            "inputRequests":{"confirm":{"method":"elicitation/create","params":{}}},"requestState":"opaque-1"}}),
+    );
+    // Meanwhile another, unrelated call of another tool.
+    t.send(C2S, 25, call(json!(2), "other", json!({})));
+    t.send(S2C, 26, ok(json!(2)));
+    t.send(
+        C2S,
+        50,
+        json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"book","arguments":{"quantity":2},
+            "inputResponses":{"confirm":{"action":"accept","content":{}}},"requestState":"opaque-1"}}),
+    );
+    t.send(S2C, 70, ok(json!(3)));
+    let (_, events) = t.finish(100, EndCause::SessionEnd);
+    assert_eq!(events.len(), 2);
+    let book = events
+        .iter()
+        .find(|e| e.rec.action == "book")
+        .expect("book");
+    assert_eq!(book.status, 200);
+    assert!((book.dur_ms - 60.0).abs() < 0.001, "{}", book.dur_ms);
+    assert_eq!(book.dest.host, "mcp://era2026");
+    let s = book.session.as_ref().expect("session");
+    assert_eq!(s.protocol.as_deref(), Some("2026-07-28"));
+    assert_eq!(s.client.as_deref(), Some("new-client"));
+    assert_eq!(
+        book.rec.fields.as_ref().and_then(|f| f.get("quantity")),
+        Some(&json!(2))
+    );
+}
+
+#[test]
+fn retry_without_state_joins_the_same_tool_and_unanswered_input_times_out() {
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "pick", json!({})));
+    t.send(
+        S2C,
+        5,
+        json!({"jsonrpc":"2.0","id":1,"result":{"resultType":"incomplete","inputRequests":{"a":{"method":"roots/list"}}}}),
+    );
+    t.send(
+        C2S,
+        9,
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"pick","inputResponses":{"a":{"roots":[]}}}}),
+    );
+    t.send(S2C, 12, ok(json!(2)));
+    // A second action asks for input and is never retried.
+    t.send(C2S, 20, call(json!(3), "pick", json!({})));
+    t.send(
+        S2C,
+        21,
+        json!({"jsonrpc":"2.0","id":3,"result":{"resultType":"input_required","requestState":"s"}}),
+    );
+    t.obs.on_tick(t.at(21) + Duration::from_secs(31));
+    let (_, events) = t.finish(100_000, EndCause::SessionEnd);
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0].status, 200);
+    assert!((events[0].dur_ms - 12.0).abs() < 0.001);
+    assert_eq!(events[1].status, 504);
+    assert_eq!(
+        events[1].err.as_ref().map(|e| e.kind),
+        Some(ErrKind::Timeout)
+    );
+}
+
+#[test]
+fn unanswered_calls_time_out_or_end_with_the_session() {
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "slow", json!({})));
+    t.obs.on_tick(t.at(29_000));
+    assert_eq!(t.obs.open_actions(), 1, "not yet");
+    t.obs.on_tick(t.at(30_001));
+    assert_eq!(t.obs.open_actions(), 0);
+    t.send(C2S, 31_000, call(json!(2), "slow", json!({})));
+    let (_, events) = t.finish(31_500, EndCause::Transport);
+    assert_eq!(events.len(), 2);
+    assert_eq!((events[0].status, events[1].status), (504, 502));
+    assert!((events[1].dur_ms - 500.0).abs() < 0.001);
+
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "slow", json!({})));
+    let (_, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(events[0].status, 504);
+}
+
+#[test]
+fn bad_input_is_counted_and_never_emits() {
+    let mut t = T::new();
+    t.raw(C2S, 0, b"not json at all");
+    t.raw(C2S, 0, b"{\"id\":");
+    t.send(
+        C2S,
+        0,
+        json!({"jsonrpc":"2.0","id":{"x":1},"method":"tools/call","params":{"name":"a"}}),
+    );
+    t.send(
+        C2S,
+        0,
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":"str"}),
+    );
+    t.send(
+        C2S,
+        0,
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":5}}),
+    );
+    t.raw(C2S, 0, b"42");
+    t.send(S2C, 1, ok(json!(99)));
+    t.send(C2S, 2, call(json!(7), "a", json!({})));
+    t.send(C2S, 3, call(json!(7), "a", json!({})));
+    t.send(S2C, 4, ok(json!(7)));
+    t.send(S2C, 5, ok(json!(7)));
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(stats.non_json, 2);
+    assert_eq!(stats.malformed, 4);
+    assert_eq!(
+        stats.orphan_responses, 2,
+        "unknown id 99 and the second answer to 7"
+    );
+    assert_eq!(stats.duplicate_ids, 1);
+    assert_eq!(
+        events.len(),
+        1,
+        "only the well-formed call 7; the malformed 2 is not an event"
+    );
+    assert_eq!(events[0].rec.action, "a");
+}
+
+#[test]
+fn batches_are_observed_element_by_element() {
+    let mut t = T::new();
+    let batch = json!([
+        call(json!(1), "a", json!({"count": 3})),
+        {"jsonrpc":"2.0","method":"notifications/progress","params":{}},
+        call(json!(2), "b", json!({}))
+    ]);
+    t.send(C2S, 0, batch);
+    t.send(S2C, 5, json!([ok(json!(2)), ok(json!(1))]));
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(events.len(), 2);
+    assert!(events.iter().all(|e| e.status == 200));
+    let a = events.iter().find(|e| e.rec.action == "a").expect("a");
+    assert_eq!(
+        a.rec.fields.as_ref().and_then(|f| f.get("count")),
+        Some(&json!(3))
+    );
+    let single = call(json!(1), "a", json!({"count": 3})).to_string();
+    assert_eq!(
+        a.bytes.req,
+        single.len() as u64,
+        "element size, not batch size"
+    );
+    assert_eq!(stats.frames, [1, 1]);
+}
+
+#[test]
+fn registry_version_follows_the_catalog() {
+    let mut t = T::new();
+    let tools = json!({"tools":[{"name":"a","description":"A","inputSchema":{"type":"object"}}]});
+    t.send(C2S, 0, call(json!(1), "a", json!({})));
+    t.send(S2C, 1, ok(json!(1)));
+    t.send(
+        C2S,
+        2,
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}),
+    );
+    t.send(S2C, 3, json!({"jsonrpc":"2.0","id":2,"result":tools}));
+    t.send(C2S, 4, call(json!(3), "a", json!({})));
+    t.send(S2C, 5, ok(json!(3)));
+    t.send(
+        S2C,
+        6,
+        json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
+    );
+    t.send(C2S, 7, call(json!(4), "a", json!({})));
+    t.send(S2C, 8, ok(json!(4)));
+    let (_, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(events.len(), 3, "tools/list itself is not an event");
+    assert_eq!(events[0].rec.registry_version, None);
+    let v = events[1].rec.registry_version.clone().expect("version");
+    assert_eq!(v.len(), catalog::REGISTRY_VERSION_HEX);
+    assert_eq!(
+        events[2].rec.registry_version, None,
+        "reset by list_changed"
+    );
+}
+
+#[test]
+fn name_flag_and_on_behalf_of_precedence() {
+    let mut c = cfg();
+    c.server_name = Some("flagged".into());
+    c.on_behalf_of = Some("cust_default".into());
+    let mut t = T::with(c);
+    t.send(
+        C2S,
+        0,
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}),
+    );
+    t.send(
+        S2C,
+        1,
+        json!({"jsonrpc":"2.0","id":0,"result":{"serverInfo":{"name":"reported"}}}),
+    );
+    t.send(
+        C2S,
+        2,
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","_meta":{"bounded/onBehalfOf":"cust_42"}}}),
+    );
+    t.send(S2C, 3, ok(json!(1)));
+    t.send(C2S, 4, call(json!(2), "a", json!({})));
+    t.send(S2C, 5, ok(json!(2)));
+    let (_, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(events[0].dest.host, "mcp://flagged");
+    assert_eq!(events[0].on_behalf_of.as_deref(), Some("cust_42"));
+    assert_eq!(events[1].on_behalf_of.as_deref(), Some("cust_default"));
+}
+
+#[test]
+fn http_scopes_failures_and_stateless_retries() {
+    let mut c = cfg();
+    c.transport = Transport::Http {
+        host: "127.0.0.1:9000".into(),
+    };
+    let mut obs = Observer::new(c, Vec::new());
+    let t0 = Instant::now();
+    let body = call(json!(1), "a", json!({})).to_string();
+    // Same id in two scopes: independent.
+    obs.on_frame(StreamId(1), C2S, t0, body.as_bytes());
+    obs.on_frame(StreamId(2), C2S, t0, body.as_bytes());
+    obs.set_scope_session(StreamId(2), "h4sh".into());
+    obs.on_http_failure(
+        StreamId(1),
+        body.as_bytes(),
+        503,
+        t0 + Duration::from_millis(3),
+    );
+    obs.on_frame(
+        StreamId(2),
+        S2C,
+        t0 + Duration::from_millis(4),
+        ok(json!(1)).to_string().as_bytes(),
+    );
+    // Stateless 2026: first round in scope 3, retry in scope 4.
+    obs.on_frame(
+        StreamId(3),
+        C2S,
+        t0,
+        call(json!(1), "b", json!({})).to_string().as_bytes(),
+    );
+    obs.on_frame(
+        StreamId(3),
+        S2C,
+        t0,
+        json!({"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","requestState":"zz"}})
+            .to_string()
+            .as_bytes(),
+    );
+    obs.end_scope(StreamId(3), t0, EndCause::SessionEnd);
+    let retry = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"b","requestState":"zz","inputResponses":{}}});
+    obs.on_frame(StreamId(4), C2S, t0, retry.to_string().as_bytes());
+    obs.on_frame(StreamId(4), S2C, t0, ok(json!(1)).to_string().as_bytes());
+    // Client disconnects mid-call.
+    obs.on_frame(
+        StreamId(5),
+        C2S,
+        t0,
+        call(json!(9), "c", json!({})).to_string().as_bytes(),
+    );
+    obs.end_scope(StreamId(5), t0, EndCause::Transport);
+    let (_, events) = obs.finish(t0, EndCause::SessionEnd);
+    let got: Vec<(&str, u16, Option<&str>)> = events
+        .iter()
+        .map(|e| {
+            (
+                e.rec.action.as_str(),
+                e.status,
+                e.session.as_ref().map(|s| s.id.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a", 503, None),
+            ("a", 200, Some("h4sh")),
+            ("b", 200, None),
+            ("c", 502, None)
+        ]
+    );
+    assert!(events.iter().all(|e| e.dest.host == "127.0.0.1:9000"));
+}
+
+#[tokio::test]
+async fn tap_observer_splits_chunks_and_stamps_completion_time() {
+    use bytes::Bytes;
+    let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
+    let obs = Observer::new(cfg(), Vec::new());
+    let task = tokio::spawn(run_tap_observer(rx, obs));
+    let t0 = Instant::now();
+    let req = format!("{}\r\n", call(json!(1), "a", json!({"amount": 5})));
+    let (r1, r2) = req.split_at(10);
+    c2s.offer(t0, Bytes::from(r1.to_string()));
+    c2s.offer(t0 + Duration::from_millis(2), Bytes::from(r2.to_string()));
+    let resp = ok(json!(1)).to_string();
+    s2c.offer(t0 + Duration::from_millis(9), Bytes::from(resp));
+    // Response without a trailing newline: completed by the close.
+    s2c.close(t0 + Duration::from_millis(50));
+    c2s.close(t0 + Duration::from_millis(50));
+    let obs = task.await.expect("task");
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    assert_eq!(events.len(), 1);
+    assert!(
+        (events[0].dur_ms - 7.0).abs() < 0.001,
+        "{}",
+        events[0].dur_ms
+    );
+    assert_eq!(events[0].bytes.req as usize, req.len() - 2);
+    assert_eq!(stats.frames, [1, 1]);
+}
+
+mod generated {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn frame() -> impl Strategy<Value = Vec<u8>> {
+        let ids = prop_oneof![
+            Just(json!(1)),
+            Just(json!("1")),
+            Just(json!(null)),
+            Just(json!({"a": 1})),
+            Just(json!([1])),
+            Just(json!(1.5))
+        ];
+        let anyv = prop_oneof![
+            Just(json!(null)),
+            Just(json!("s")),
+            Just(json!(5)),
+            Just(json!({"name": 5})),
+            Just(json!({"name": "t", "arguments": "x"})),
+            Just(json!({"name": "t", "arguments": {"amount": [1], "x": {"y": 1}}})),
+            Just(json!({"requestId": {"a": 1}})),
+        ];
+        let methods = prop_oneof![
+            Just(json!("tools/call")),
+            Just(json!("notifications/cancelled")),
+            Just(json!("tools/list")),
+            Just(json!("initialize")),
+            Just(json!(7)),
+        ];
+        prop_oneof![
+            (ids.clone(), methods, anyv.clone()).prop_map(|(i, m, p)| {
+                json!({"jsonrpc":"2.0","id":i,"method":m,"params":p})
+                    .to_string()
+                    .into_bytes()
+            }),
+            (ids.clone(), anyv.clone())
+                .prop_map(|(i, r)| json!({"id":i,"result":r}).to_string().into_bytes()),
+            (ids, anyv).prop_map(|(i, e)| json!({"id":i,"error":e}).to_string().into_bytes()),
+            prop::collection::vec(any::<u8>(), 0..64),
+            "\\[[\\[\\]{},\"a-z0-9:]{0,40}".prop_map(String::into_bytes),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_frames_never_panic_and_events_stay_valid(
+            frames in prop::collection::vec((any::<bool>(), frame()), 0..40)
+        ) {
+            let mut obs = Observer::new(cfg(), Vec::new());
+            let t0 = Instant::now();
+            for (i, (up, f)) in frames.iter().enumerate() {
+                let dir = if *up { C2S } else { S2C };
+                obs.on_frame(StreamId(0), dir, t0 + Duration::from_millis(i as u64), f);
+            }
+            obs.on_tick(t0 + Duration::from_secs(3600));
+            let (_, events) = obs.finish(t0, EndCause::Transport);
+            for e in &events {
+                prop_assert!(filter_event(e).is_ok());
+            }
+        }
+    }
+}

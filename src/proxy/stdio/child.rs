@@ -1,0 +1,205 @@
+//! The wrapped server as a process: spawn, process group, death signal, exit status, kill switch.
+//!
+//! Owns everything that touches the child's pid: starting it in its own process group with
+//! `PR_SET_PDEATHSIG`, signalling the group, noticing its exit without reaping it, reaping it,
+//! and turning an exit status or a spawn error into the wrapper's exit code. In: a program and
+//! its arguments. Out: a [`ChildGroup`] handle, pipes for the relay, exit codes.
+//!
+//! Signalling the group by pgid is only safe while that pgid cannot name an unrelated process:
+//! the child is reaped *last*, after every signal we send, so its pid (= the pgid) stays
+//! reserved by the zombie for as long as we may signal it. Must never signal after reaping.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag};
+use nix::unistd::Pid;
+
+use crate::log::PREFIX;
+
+/// Exit code when the server command does not exist (the shell's convention).
+pub const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code when the server command exists but cannot be executed (permission, not a file).
+pub const EXIT_CANNOT_EXECUTE: i32 = 126;
+/// Exit code when our own stdin/stdout cannot be used (closed descriptors): nothing can be relayed.
+pub const EXIT_NO_STDIO: i32 = 1;
+/// Signal the kernel sends the child if the wrapper dies without cleaning up (SIGKILL'd, crashed).
+/// SIGKILL, not SIGTERM: this path only runs when the wrapper had no chance to forward a signal
+/// and escalate, and a server that ignores SIGTERM would otherwise outlive it. Every catchable
+/// signal the wrapper receives goes through the graceful path instead (forward, grace, escalate).
+pub const DEATH_SIGNAL: libc::c_int = libc::SIGKILL;
+
+/// Shell-style exit code for a command that could not be started, with the message to print.
+pub fn spawn_error_code(program: &OsString, err: &io::Error) -> (i32, String) {
+    let code = match err.kind() {
+        io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+        _ => EXIT_CANNOT_EXECUTE,
+    };
+    let what = if code == EXIT_NOT_FOUND {
+        "command not found"
+    } else {
+        "cannot execute"
+    };
+    (
+        code,
+        format!(
+            "{what}: {} ({err})",
+            std::path::Path::new(program).display()
+        ),
+    )
+}
+
+/// The wrapper's exit code for a child's exit status: its code, or 128+N if killed by signal N.
+pub fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        // Neither code nor signal (stopped/continued statuses are not final): treat as failure.
+        (None, None) => 1,
+    }
+}
+
+/// A running server: its pid is the pgid of its own process group.
+pub struct ChildGroup {
+    pgid: Pid,
+    /// The std handle, taken when the child is reaped. Locked while signalling so that a signal
+    /// can never be sent after the reap freed the pid (see module docs).
+    child: Mutex<Option<Child>>,
+}
+
+/// What [`spawn`] hands back: the group handle and the two pipes the relay owns.
+pub struct Spawned {
+    pub group: ChildGroup,
+    pub stdin: ChildStdin,
+    pub stdout: ChildStdout,
+}
+
+/// Starts the server with piped stdin/stdout, inherited stderr, in its own process group, with
+/// a death signal tied to the calling thread.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the process: call this from
+/// a thread that outlives the session (the relay's caller blocks in [`super::StdioProxy::run`]
+/// until the child is reaped, so its own thread qualifies; `main` calls it from the main thread).
+pub fn spawn(program: &OsString, args: &[OsString]) -> io::Result<Spawned> {
+    // Captured before fork: in the child, getppid() must still name us, else we died meanwhile.
+    let parent = std::process::id() as libc::pid_t;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        // Own process group: signals reach grandchildren (npx, shell wrappers), and a Ctrl-C
+        // meant for the client's terminal group does not hit the server behind our back.
+        .process_group(0);
+    // Runs in the forked child between fork and exec.
+    let arm_death_signal = move || -> io::Result<()> {
+        // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and no pointers.
+        let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, DEATH_SIGNAL as libc::c_ulong) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: getppid takes no arguments and cannot fail.
+        if unsafe { libc::getppid() } != parent {
+            // The wrapper died between fork and prctl: the death signal will never fire.
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: between fork and exec only async-signal-safe operations are allowed. The closure
+    // calls prctl(2) and getppid(2) (plain syscalls), reads errno, and builds io::Error from a
+    // raw code (no allocation, no lock); it touches no memory shared with other threads (it
+    // owns a copy of `parent`). Covered by `wrapper_sigkilled_leaves_no_child_behind` in
+    // tests/stdio_lifecycle.rs.
+    unsafe {
+        cmd.pre_exec(arm_death_signal);
+    }
+    let mut child = cmd.spawn()?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        // Unreachable with Stdio::piped(); do not leave the process behind if it ever happens.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::other("child pipes missing"));
+    };
+    let pgid = Pid::from_raw(child.id() as libc::pid_t);
+    Ok(Spawned {
+        group: ChildGroup {
+            pgid,
+            child: Mutex::new(Some(child)),
+        },
+        stdin,
+        stdout,
+    })
+}
+
+impl ChildGroup {
+    pub fn pid(&self) -> u32 {
+        self.pgid.as_raw() as u32
+    }
+
+    /// Sends `sig` to the whole process group unless the child was already reaped.
+    /// Returns whether the signal was sent.
+    pub fn signal(&self, sig: Signal) -> bool {
+        let guard = match self.child.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if guard.is_none() {
+            return false;
+        }
+        // ESRCH (group already empty) is fine: nothing left to signal.
+        killpg(self.pgid, sig).is_ok()
+    }
+
+    /// Blocks until the child has exited, WITHOUT reaping it (WNOWAIT), so its pid stays
+    /// reserved for group signals. Meant for a dedicated waiter thread.
+    pub fn wait_exited(&self) {
+        loop {
+            match waitid(
+                Id::Pid(self.pgid),
+                WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+            ) {
+                Err(Errno::EINTR) => continue,
+                // Ok: exited. ECHILD: already reaped elsewhere (SIGCHLD ignored by our parent):
+                // either way it is gone.
+                _ => return,
+            }
+        }
+    }
+
+    /// Reaps the child (it must have exited: see [`Self::wait_exited`]) and returns its status.
+    /// After this no signal is sent to the group again.
+    pub fn reap(&self) -> Option<ExitStatus> {
+        let mut guard = match self.child.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut child = guard.take()?;
+        child.wait().ok()
+    }
+
+    /// Reaps if the child has exited; leaves it (and the group's signalling) alone otherwise.
+    pub fn try_reap(&self) -> Option<ExitStatus> {
+        let mut guard = match self.child.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let status = guard.as_mut()?.try_wait().ok()??;
+        *guard = None;
+        Some(status)
+    }
+}
+
+/// Kill switch (invariant 7): replaces this process with the server (same pid, same fds, no
+/// thread, no tap, no socket). Returns only if exec failed, with 127/126 after one message.
+pub fn exec_passthrough(program: &OsString, args: &[OsString]) -> i32 {
+    let err = Command::new(program).args(args).exec();
+    let (code, msg) = spawn_error_code(program, &err);
+    // Logging is deliberately not initialised on this path; plain stderr with our prefix.
+    eprintln!("{PREFIX} error: {msg}");
+    code
+}
