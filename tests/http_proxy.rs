@@ -829,3 +829,149 @@ fn unusable_port_fails_to_start_with_exit_1() {
         .expect("utf8");
     assert!(err.contains("cannot listen"), "{err}");
 }
+
+// ---------------------------------------------------------------- observation (file sink)
+
+/// Runs the proxy with a `file:` sink, lets `drive` talk through it, stops it with SIGTERM
+/// and returns every event it wrote, with the raw sink text for canary checks.
+async fn observed<F, Fut>(upstream: &str, drive: F) -> (Vec<Value>, String)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = dir.path().join("events.jsonl");
+    let ingest = format!("file:{}", sink.display());
+    let mut proxy = Proxy::start(
+        upstream,
+        &[("BOUNDED_FLUSH_MS", "20")],
+        &["--ingest", &ingest],
+    );
+    drive(proxy.url("/mcp")).await;
+    assert_eq!(proxy.signal(libc::SIGTERM), 128 + libc::SIGTERM);
+    let text = std::fs::read_to_string(&sink).unwrap_or_default();
+    let events = text
+        .lines()
+        .flat_map(|l| {
+            let batch: Value = serde_json::from_str(l).expect("one batch per line");
+            batch["events"].as_array().cloned().unwrap_or_default()
+        })
+        .collect();
+    (events, text)
+}
+
+fn by_action<'a>(events: &'a [Value], action: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["rec"]["action"] == action)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_through_the_proxy_become_events_in_both_eras() {
+    let fx = Fixture::start("rmcp");
+    let host = fx.origin().trim_start_matches("http://").to_string();
+    let (events, _) = observed(&fx.url, |url| async move {
+        rmcp_client::conversation(&url, rmcp_client::legacy()).await;
+        rmcp_client::conversation(&url, rmcp_client::stateless()).await;
+    })
+    .await;
+    let echo = by_action(&events, "echo");
+    let add = by_action(&events, "add");
+    assert_eq!(echo.len(), 2, "one echo per era: {events:?}");
+    assert_eq!(add.len(), 2, "one add per era: {events:?}");
+    for e in echo.iter().chain(add.iter()) {
+        assert_eq!(e["status"], 200, "{e}");
+        assert_eq!(e["class"], "action");
+        assert_eq!(e["dest"]["host"], host.as_str());
+    }
+    // The legacy-era calls carry the session, hashed; the stateless ones have none.
+    let with_session: Vec<&&Value> = echo
+        .iter()
+        .filter(|e| e["session"]["id"].is_string())
+        .collect();
+    assert_eq!(with_session.len(), 1, "{echo:?}");
+    let sid = with_session[0]["session"]["id"].as_str().expect("id");
+    assert_eq!(sid.len(), 16);
+    assert!(sid.chars().all(|c| c.is_ascii_hexdigit()));
+    let missing = by_action(&events, "no_such_tool");
+    assert_eq!(missing.len(), 2);
+    assert!(missing.iter().all(|e| e["class"] == "error"));
+    assert!(
+        by_action(&events, "tools/list").is_empty() && events.len() == 6,
+        "only tools/call become events: {events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_id_is_hashed_and_never_written() {
+    let fx = Fixture::start("raw");
+    let (events, text) = observed(&fx.url, |url| async move {
+        let c = client();
+        let h: Vec<(&str, &str)> = JSON_POST
+            .iter()
+            .copied()
+            .chain([("mcp-session-id", "canary-session-5d1e")])
+            .collect();
+        let a = send(&c, Method::POST, &url, &h, call(1, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK);
+    })
+    .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let sid = events[0]["session"]["id"].as_str().expect("session id");
+    assert_eq!(sid.len(), 16);
+    assert!(!text.contains("canary-session"), "raw session id leaked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_reports_a_502_transport_event() {
+    let upstream = format!("http://127.0.0.1:{}/mcp", free_port());
+    let (events, _) = observed(&upstream, |url| async move {
+        let c = client();
+        let a = send(&c, Method::POST, &url, JSON_POST, call(1, "echo")).await;
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    })
+    .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["status"], 502);
+    assert_eq!(events[0]["class"], "error");
+    assert_eq!(events[0]["err"]["kind"], "transport");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_2xx_status_and_client_disconnect_are_the_calls_outcome() {
+    let fx = Fixture::start("raw");
+    let (events, _) = observed(&fx.url, |url| async move {
+        let c = client();
+        let a = send(&c, Method::POST, &url, JSON_POST, call(1, "fail")).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        // Read the first event of a stream that never ends, then walk away.
+        let mut req = Request::post(url.as_str());
+        for (k, v) in JSON_POST {
+            req = req.header(*k, *v);
+        }
+        let resp = c
+            .request(
+                req.body(Full::new(Bytes::from(call(2, "hang"))))
+                    .expect("request"),
+            )
+            .await
+            .expect("head");
+        let mut body = resp.into_body();
+        let _ = tokio::time::timeout(IO_TIMEOUT, body.frame()).await;
+        drop(body);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    })
+    .await;
+    let fail = by_action(&events, "fail");
+    assert_eq!(fail.len(), 1, "{events:?}");
+    assert_eq!(fail[0]["status"], 503);
+    let hang = by_action(&events, "hang");
+    assert_eq!(hang.len(), 1, "{events:?}");
+    assert_eq!(
+        hang[0]["status"], 499,
+        "closing the stream cancels: {}",
+        hang[0]
+    );
+    assert_eq!(hang[0]["err"]["kind"], "cancelled");
+}

@@ -87,6 +87,9 @@ pub enum EndCause {
     Transport,
     /// The session ended normally with the call unanswered: 504 `timeout`.
     SessionEnd,
+    /// HTTP: the client closed the response stream the call was to be answered on (in
+    /// 2026-07-28 that is the cancellation): 499 `cancelled`.
+    ClientClosed,
 }
 
 impl EndCause {
@@ -94,6 +97,7 @@ impl EndCause {
         match self {
             EndCause::Transport => Outcome::Transport,
             EndCause::SessionEnd => Outcome::Timeout,
+            EndCause::ClientClosed => Outcome::Cancelled,
         }
     }
 }

@@ -189,23 +189,33 @@ impl Body for TeeBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        let polled = Pin::new(inner).poll_frame(cx);
+        let polled = Pin::new(&mut *inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let (Some(tee), Some(data)) = (this.tee.as_mut(), frame.data_ref()) {
                     tee.chunk(data);
                 }
+                // hyper stops polling a body with a known length once it is complete, so the
+                // end is taken from the length, not only from a final `None`.
+                if inner.is_end_stream() {
+                    this.done = true;
+                    if let Some(tee) = &this.tee {
+                        tee.end(BodyEnd::Complete);
+                    }
+                }
             }
             Poll::Ready(Some(Err(_))) => {
-                this.done = true;
-                if let Some(tee) = &this.tee {
-                    tee.end(BodyEnd::SourceFailed);
+                if !std::mem::replace(&mut this.done, true) {
+                    if let Some(tee) = &this.tee {
+                        tee.end(BodyEnd::SourceFailed);
+                    }
                 }
             }
             Poll::Ready(None) => {
-                this.done = true;
-                if let Some(tee) = &this.tee {
-                    tee.end(BodyEnd::Complete);
+                if !std::mem::replace(&mut this.done, true) {
+                    if let Some(tee) = &this.tee {
+                        tee.end(BodyEnd::Complete);
+                    }
                 }
             }
             Poll::Pending => {}
@@ -227,6 +237,13 @@ impl Body for TeeBody {
 impl Drop for TeeBody {
     fn drop(&mut self) {
         if self.done {
+            return;
+        }
+        if self.inner.as_ref().is_some_and(|b| b.is_end_stream()) {
+            // Complete (an empty body, or hyper saw the whole length) but never polled to `None`.
+            if let Some(tee) = &self.tee {
+                tee.end(BodyEnd::Complete);
+            }
             return;
         }
         if let Some(slot) = self.give_back.take() {

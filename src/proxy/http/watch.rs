@@ -533,10 +533,11 @@ impl<S: EventSink> Watcher<S> {
                         self.totals.unparsed_bodies += 1;
                     }
                 }
-                // A client that went away ended the exchange as a normal end does (the observer
-                // has no cancellation cause); an upstream that failed mid-body is a transport end.
+                // A client that went away cancelled what it was waiting for; an upstream that
+                // failed mid-body is a transport end.
                 let cause = match how {
-                    BodyEnd::Complete | BodyEnd::ReaderGone => EndCause::SessionEnd,
+                    BodyEnd::Complete => EndCause::SessionEnd,
+                    BodyEnd::ReaderGone => EndCause::ClientClosed,
                     BodyEnd::SourceFailed => EndCause::Transport,
                 };
                 self.finish_exchange(ex, seen, cause);
