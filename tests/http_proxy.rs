@@ -975,3 +975,28 @@ async fn non_2xx_status_and_client_disconnect_are_the_calls_outcome() {
     );
     assert_eq!(hang[0]["err"]["kind"], "cancelled");
 }
+
+/// An `https://` upstream is spoken to over TLS: pointed at a plain-HTTP server, the handshake
+/// fails and the client gets a 502 (a proxy that ignored the scheme would get the server's 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_upstream_is_reached_over_tls() {
+    let fx = Fixture::start("raw");
+    let tls_url = fx.url.replacen("http://", "https://", 1);
+    let proxy = Proxy::start(&tls_url, &[], &[]);
+    let c = client();
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        JSON_POST,
+        call(1, "echo"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    let direct = send(&c, Method::POST, &fx.url, JSON_POST, call(1, "echo")).await;
+    assert_eq!(
+        direct.status,
+        StatusCode::OK,
+        "the fixture itself answers over plain HTTP"
+    );
+}

@@ -87,9 +87,11 @@ impl Upstream {
             .cloned()
             .ok_or_else(|| format!("upstream {url:?} has no host"))?;
         if authority.as_str().contains('@') {
-            return Err(format!(
-                "upstream {url:?} carries credentials in the URL; pass them as headers from the client"
-            ));
+            // The URL is not echoed: it holds a secret.
+            return Err(
+                "the upstream URL carries credentials (user:password@); pass them as headers from the client"
+                    .to_string(),
+            );
         }
         let path_and_query = uri
             .path_and_query()
@@ -297,4 +299,32 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
         }
     }
     128 + signo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_parse_keeps_scheme_authority_and_path() {
+        let u = Upstream::parse("https://mcp.example.com:8443/v1/mcp?x=1").expect("valid");
+        assert_eq!(u.scheme, Scheme::HTTPS);
+        assert_eq!(u.host(), "mcp.example.com:8443");
+        assert_eq!(u.path_and_query.as_str(), "/v1/mcp?x=1");
+        assert_eq!(
+            Upstream::parse("http://127.0.0.1:9")
+                .expect("valid")
+                .path_and_query
+                .as_str(),
+            "/"
+        );
+    }
+
+    #[test]
+    fn upstream_parse_rejects_other_schemes_and_credentials() {
+        assert!(Upstream::parse("ftp://example.com/mcp").is_err());
+        assert!(Upstream::parse("/mcp").is_err());
+        let e = Upstream::parse("https://user:secret@example.com/mcp").expect_err("refused");
+        assert!(e.contains("credentials") && !e.contains("secret"), "{e}");
+    }
 }
