@@ -215,6 +215,7 @@ async fn raw_mcp(State(stats): State<Arc<Stats>>, headers: HeaderMap, body: Byte
                             .into_bytes(),
                     )
                 }
+                "gzip" => raw_gzip_response(),
                 "fail" => json_response(
                     StatusCode::SERVICE_UNAVAILABLE,
                     br#"{"error":"overloaded"}"#.to_vec(),
@@ -291,6 +292,10 @@ async fn raw_slow_upload(State(stats): State<Arc<Stats>>, req: Request) -> Respo
 }
 
 async fn raw_gzip() -> Response {
+    raw_gzip_response()
+}
+
+fn raw_gzip_response() -> Response {
     let mut r = json_response(StatusCode::OK, GZIP_BODY.to_vec());
     r.headers_mut()
         .insert("content-encoding", HeaderValue::from_static("gzip"));

@@ -833,8 +833,8 @@ fn unusable_port_fails_to_start_with_exit_1() {
 // ---------------------------------------------------------------- observation (file sink)
 
 /// Runs the proxy with a `file:` sink, lets `drive` talk through it, stops it with SIGTERM
-/// and returns every event it wrote, with the raw sink text for canary checks.
-async fn observed<F, Fut>(upstream: &str, drive: F) -> (Vec<Value>, String)
+/// and returns every event it wrote, the raw sink text (for canary checks) and its stderr.
+async fn observed<F, Fut>(upstream: &str, drive: F) -> (Vec<Value>, String, String)
 where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -849,6 +849,7 @@ where
     );
     drive(proxy.url("/mcp")).await;
     assert_eq!(proxy.signal(libc::SIGTERM), 128 + libc::SIGTERM);
+    let stderr = proxy.stderr.lock().expect("lock").clone();
     let text = std::fs::read_to_string(&sink).unwrap_or_default();
     let events = text
         .lines()
@@ -857,7 +858,7 @@ where
             batch["events"].as_array().cloned().unwrap_or_default()
         })
         .collect();
-    (events, text)
+    (events, text, stderr)
 }
 
 fn by_action<'a>(events: &'a [Value], action: &str) -> Vec<&'a Value> {
@@ -871,7 +872,7 @@ fn by_action<'a>(events: &'a [Value], action: &str) -> Vec<&'a Value> {
 async fn tool_calls_through_the_proxy_become_events_in_both_eras() {
     let fx = Fixture::start("rmcp");
     let host = fx.origin().trim_start_matches("http://").to_string();
-    let (events, _) = observed(&fx.url, |url| async move {
+    let (events, _, _) = observed(&fx.url, |url| async move {
         rmcp_client::conversation(&url, rmcp_client::legacy()).await;
         rmcp_client::conversation(&url, rmcp_client::stateless()).await;
     })
@@ -906,7 +907,7 @@ async fn tool_calls_through_the_proxy_become_events_in_both_eras() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_id_is_hashed_and_never_written() {
     let fx = Fixture::start("raw");
-    let (events, text) = observed(&fx.url, |url| async move {
+    let (events, text, _) = observed(&fx.url, |url| async move {
         let c = client();
         let h: Vec<(&str, &str)> = JSON_POST
             .iter()
@@ -926,7 +927,7 @@ async fn session_id_is_hashed_and_never_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_reports_a_502_transport_event() {
     let upstream = format!("http://127.0.0.1:{}/mcp", free_port());
-    let (events, _) = observed(&upstream, |url| async move {
+    let (events, _, _) = observed(&upstream, |url| async move {
         let c = client();
         let a = send(&c, Method::POST, &url, JSON_POST, call(1, "echo")).await;
         assert_eq!(a.status, StatusCode::BAD_GATEWAY);
@@ -941,7 +942,7 @@ async fn unreachable_upstream_reports_a_502_transport_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_2xx_status_and_client_disconnect_are_the_calls_outcome() {
     let fx = Fixture::start("raw");
-    let (events, _) = observed(&fx.url, |url| async move {
+    let (events, _, _) = observed(&fx.url, |url| async move {
         let c = client();
         let a = send(&c, Method::POST, &url, JSON_POST, call(1, "fail")).await;
         assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -998,5 +999,33 @@ async fn https_upstream_is_reached_over_tls() {
         direct.status,
         StatusCode::OK,
         "the fixture itself answers over plain HTTP"
+    );
+}
+
+/// A compressed MCP response is relayed as is and its call is not reported (reporting it would
+/// invent a timeout); the operator is told once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_mcp_response_is_relayed_and_its_call_not_reported() {
+    let fx = Fixture::start("raw");
+    let (events, _, stderr) = observed(&fx.url, |url| async move {
+        let c = client();
+        let h: Vec<(&str, &str)> = JSON_POST
+            .iter()
+            .copied()
+            .chain([("accept-encoding", "gzip")])
+            .collect();
+        let a = send(&c, Method::POST, &url, &h, call(1, "gzip")).await;
+        assert_eq!(a.headers["content-encoding"], "gzip");
+        assert_eq!(&a.body[..2], &[0x1f, 0x8b]);
+        let a = send(&c, Method::POST, &url, JSON_POST, call(2, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK);
+    })
+    .await;
+    assert_eq!(by_action(&events, "echo").len(), 1, "{events:?}");
+    assert!(by_action(&events, "gzip").is_empty(), "{events:?}");
+    assert_eq!(
+        stderr.matches("compresses MCP responses").count(),
+        1,
+        "{stderr}"
     );
 }

@@ -368,17 +368,31 @@ impl<S: EventSink> Watcher<S> {
             .as_ref()
             .map(|v| v.as_bytes().to_ascii_lowercase())
             .unwrap_or_default();
-        let body = if compressed {
-            self.totals.compressed_bodies += 1;
-            RespBody::Ignored
-        } else if ct.starts_with(b"text/event-stream") {
-            RespBody::Sse(SseParser::new())
-        } else if ct.starts_with(b"application/json")
+        let sse = ct.starts_with(b"text/event-stream");
+        let json = ct.starts_with(b"application/json")
             || ct
                 .split(|&b| b == b';')
                 .next()
-                .is_some_and(|e| e.ends_with(b"+json"))
-        {
+                .is_some_and(|e| e.ends_with(b"+json"));
+        let body = if compressed && (sse || json) {
+            if self.totals.compressed_bodies == 0 {
+                let encoding = content_encoding
+                    .as_ref()
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .unwrap_or_default();
+                tracing::warn!(
+                    encoding,
+                    "The upstream compresses MCP responses: they are relayed as sent, and the \
+                     calls they answer are not observed"
+                );
+            }
+            self.totals.compressed_bodies += 1;
+            RespBody::Ignored
+        } else if compressed {
+            RespBody::Ignored
+        } else if sse {
+            RespBody::Sse(SseParser::new())
+        } else if json {
             RespBody::Json {
                 buf: Vec::new(),
                 usable: true,
@@ -386,9 +400,14 @@ impl<S: EventSink> Watcher<S> {
         } else {
             RespBody::Ignored
         };
+        let unreadable = compressed && (sse || json);
         let Some(x) = self.exchanges.get_mut(&ex) else {
             return;
         };
+        if unreadable {
+            // Its answers cannot be read: reporting its calls would invent timeouts.
+            x.req_usable = false;
+        }
         x.status = Some(status);
         x.resp = Some(body);
         let kind = x.kind;
