@@ -87,7 +87,10 @@ pub fn run_observe_args(args: &cli::ObserveArgs, env: &Env) -> i32 {
     }
 }
 
-fn observer_config(cfg: &config::Config, transport: observe::Transport) -> observe::ObserverConfig {
+pub(crate) fn observer_config(
+    cfg: &config::Config,
+    transport: observe::Transport,
+) -> observe::ObserverConfig {
     observe::ObserverConfig {
         transport,
         server_name: cfg.server_name.clone(),
@@ -98,7 +101,7 @@ fn observer_config(cfg: &config::Config, transport: observe::Transport) -> obser
     }
 }
 
-fn report_config(cfg: &config::Config, transport: &'static str) -> report::ReportConfig {
+pub(crate) fn report_config(cfg: &config::Config, transport: &'static str) -> report::ReportConfig {
     report::ReportConfig {
         target: cfg.ingest.clone(),
         token: cfg.token.clone(),

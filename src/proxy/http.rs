@@ -1,11 +1,330 @@
-//! Streamable HTTP reverse proxy (DESIGN §1, §2a).
+//! Streamable HTTP mode: a transparent reverse proxy in front of a remote MCP endpoint
+//! (DESIGN §1, §2a, §9).
 //!
-//! NOT YET BUILT (issue 6).
+//! Owns the listener, the upstream client, the process's runtime, signal handling and shutdown.
+//! Goes in: the validated [`Config`] (`Mode::Http`). Comes out: an exit code. Each accepted
+//! connection is served by [`forward`]; copies of what it forwards go to [`watch`], an
+//! observation task that owns the [`crate::observe::Observer`]; events go to the reporter.
+//! It must never change what the client or the upstream see: bodies are streamed frame by
+//! frame (an SSE event is relayed as soon as it arrives), only hop-by-hop headers are dropped,
+//! nothing is added (not even `Date`), and observation never makes the relay wait.
+//!
+//! Decisions a user sees (README):
+//! * **Listener**: `127.0.0.1` only, on `--port` or an ephemeral port; once it accepts it
+//!   prints `[observe-mcp] listening http://127.0.0.1:<port> → <upstream>` on stderr.
+//! * **Paths**: the local root (`/`) and the upstream's own path (e.g. `/mcp`) both reach the
+//!   upstream endpoint; any other path is forwarded unchanged to the upstream's origin, so
+//!   OAuth discovery (`/.well-known/…`) keeps working. A query on `/` is appended to the
+//!   upstream URL's own query.
+//! * **Compression**: bodies are forwarded exactly as the upstream encodes them (the client's
+//!   `Accept-Encoding` is passed on unchanged). Only identity-encoded bodies are observed; a
+//!   compressed JSON or SSE body is relayed and counted, and its calls are not reported.
+//!   Trade-off: asking the upstream for identity would observe everything but change what the
+//!   client negotiated and cost bandwidth; transparency wins.
+//! * **Kill switch** (`BOUNDED_OBSERVE_MCP_DISABLED=1`): the same proxy with no observation
+//!   task, no reporter and no socket to any ingest.
+//! * **Shutdown**: SIGINT or SIGTERM stops accepting, closes open connections (streams
+//!   included), lets the observer end what is in flight and flushes the reporter within
+//!   `--shutdown-flush-ms`; the exit code is then 128 + the signal (130 for SIGINT, 143 for
+//!   SIGTERM), as in stdio mode, where the wrapper's code follows a signalled server. A listener
+//!   that cannot bind, or an upstream URL that cannot be used, exits 1.
 
-use crate::config::Config;
+mod forward;
+pub mod sse;
+pub mod watch;
 
-/// Runs the HTTP proxy until a shutdown signal; returns the process exit code.
-pub fn run(_cfg: &Config) -> i32 {
-    eprintln!("[observe-mcp] --http mode is not built yet");
-    2
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::Uri;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use crate::config::{Config, Mode};
+use crate::log::PREFIX;
+use crate::observe::{EndCause, Observer, Transport};
+
+pub use forward::{strip_hop_by_hop, HEADER_SESSION_ID};
+
+/// Exit code when the proxy cannot start (bind failure, unusable upstream URL, no runtime).
+pub const EXIT_START_FAILED: i32 = 1;
+
+/// Idle pooled upstream connections are closed after this; long enough to keep a busy
+/// session's connection warm, short enough not to hold sockets an upstream has forgotten.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runtime worker threads: the relay runs on them, and two keep one stream's copy from
+/// delaying another's on a small machine; observation is a light task beside them.
+const WORKER_THREADS: usize = 2;
+
+/// The upstream endpoint, parsed once.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub scheme: Scheme,
+    pub authority: Authority,
+    pub path_and_query: PathAndQuery,
+    /// As given on the command line, for logs.
+    pub display: String,
+}
+
+impl Upstream {
+    pub fn parse(url: &str) -> Result<Upstream, String> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| format!("upstream {url:?} is not a URL: {e}"))?;
+        let scheme = uri
+            .scheme()
+            .filter(|s| **s == Scheme::HTTP || **s == Scheme::HTTPS)
+            .cloned()
+            .ok_or_else(|| format!("upstream {url:?} must be http:// or https://"))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("upstream {url:?} has no host"))?;
+        if authority.as_str().contains('@') {
+            // The URL is not echoed: it holds a secret.
+            return Err(
+                "the upstream URL carries credentials (user:password@); pass them as headers from the client"
+                    .to_string(),
+            );
+        }
+        let path_and_query = uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        Ok(Upstream {
+            scheme,
+            authority,
+            path_and_query,
+            display: url.to_string(),
+        })
+    }
+
+    /// `host[:port]`, as events name the destination.
+    pub fn host(&self) -> String {
+        self.authority.as_str().to_string()
+    }
+}
+
+/// Runs the HTTP proxy until SIGINT/SIGTERM; returns the process exit code.
+pub fn run(cfg: &Config) -> i32 {
+    let Mode::Http { upstream, port } = &cfg.mode else {
+        return crate::EXIT_USAGE;
+    };
+    let upstream = match Upstream::parse(upstream) {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("{PREFIX} error: {e}");
+            return EXIT_START_FAILED;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .thread_name("observe-mcp-http")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{PREFIX} error: cannot start the runtime: {e}");
+            return EXIT_START_FAILED;
+        }
+    };
+    let code = rt.block_on(serve(cfg, upstream, *port));
+    rt.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+/// Resolves when SIGINT or SIGTERM arrives, with the signal number. If the handlers cannot be
+/// installed the proxy still runs, stoppable only by SIGKILL; that is said once.
+async fn shutdown_signal() -> i32 {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => libc::SIGINT,
+                _ = term.recv() => libc::SIGTERM,
+            }
+        }
+        _ => {
+            eprintln!("{PREFIX} warning: cannot install signal handlers");
+            std::future::pending().await
+        }
+    }
+}
+
+fn upstream_client() -> Result<forward::UpstreamClient, String> {
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+        .map_err(|e| format!("TLS setup failed: {e}"))?
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        // A request that could not be sent on a stale pooled connection is retried once by
+        // the client itself, before any of its body was read.
+        .retry_canceled_requests(true)
+        .set_host(true)
+        .build(https))
+}
+
+async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
+    let client = match upstream_client() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{PREFIX} error: {e}");
+            return EXIT_START_FAILED;
+        }
+    };
+    let listener = match TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{PREFIX} error: cannot listen on 127.0.0.1:{port}: {e}");
+            return EXIT_START_FAILED;
+        }
+    };
+    let local_port = match listener.local_addr() {
+        Ok(a) => a.port(),
+        Err(e) => {
+            eprintln!("{PREFIX} error: cannot read the listening address: {e}");
+            return EXIT_START_FAILED;
+        }
+    };
+
+    // Observation and reporting only when not disabled: the kill switch starts neither.
+    let mut observing = None;
+    let mut watch_tx = None;
+    if !cfg.disabled {
+        let (queue, reporter) = crate::report::start(crate::report_config(cfg, "http"));
+        let observer = Observer::new(
+            crate::observer_config(
+                cfg,
+                Transport::Http {
+                    host: upstream.host(),
+                },
+            ),
+            queue,
+        );
+        let (tx, rx) = watch::channel();
+        observing = Some((tokio::spawn(watch::run(rx, observer)), reporter));
+        watch_tx = Some(tx);
+    }
+    let watch_stats = watch_tx.as_ref().map(|w| w.stats.clone());
+    let display = upstream.display.clone();
+    let fwd = Arc::new(forward::Forwarder::new(upstream, client, watch_tx));
+
+    eprintln!("{PREFIX} listening http://127.0.0.1:{local_port} → {display}");
+
+    let mut conns = JoinSet::new();
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    let signo = loop {
+        tokio::select! {
+            signo = &mut signal => break signo,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let fwd = fwd.clone();
+                    conns.spawn(async move {
+                        let service = service_fn(move |req| forward::forward(fwd.clone(), req));
+                        let served = hyper::server::conn::http1::Builder::new()
+                            .auto_date_header(false)
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                        if let Err(e) = served {
+                            tracing::debug!(error = %e, "Client connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    // Out of descriptors and the like: say so, pause, keep serving.
+                    tracing::warn!(error = %e, "Accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    };
+    drop(listener);
+    // Open connections (long-lived GET streams included) are closed: their bodies end, which
+    // the observer sees, and the upstream sees each of its requests closed.
+    conns.shutdown().await;
+    drop(fwd);
+
+    if let Some((task, reporter)) = observing {
+        let finished = async {
+            if let Ok((observer, totals)) = task.await {
+                let (stats, queue) = observer.finish(Instant::now(), EndCause::SessionEnd);
+                drop(queue);
+                if cfg.debug {
+                    tracing::debug!(
+                        frames_c2s = stats.frames[0],
+                        frames_s2c = stats.frames[1],
+                        events = stats.events,
+                        exchanges = totals.exchanges,
+                        unparsed_bodies = totals.unparsed_bodies,
+                        compressed_bodies = totals.compressed_bodies,
+                        "Observer totals"
+                    );
+                }
+            }
+            reporter.shutdown().await
+        };
+        // The reporter bounds its own flush; this bounds everything else on the way out too.
+        let deadline = cfg.shutdown_flush + Duration::from_millis(500);
+        match tokio::time::timeout(deadline, finished).await {
+            Ok(report) => {
+                if cfg.debug {
+                    tracing::debug!(
+                        delivered = report.delivered,
+                        dropped = report.dropped,
+                        batches = report.batches,
+                        watch_dropped = watch_stats
+                            .map(|s| s.dropped.load(std::sync::atomic::Ordering::Relaxed))
+                            .unwrap_or(0),
+                        "Reporter totals"
+                    );
+                }
+            }
+            Err(_) => tracing::warn!("Shutdown flush timed out; queued events dropped"),
+        }
+    }
+    128 + signo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_parse_keeps_scheme_authority_and_path() {
+        let u = Upstream::parse("https://mcp.example.com:8443/v1/mcp?x=1").expect("valid");
+        assert_eq!(u.scheme, Scheme::HTTPS);
+        assert_eq!(u.host(), "mcp.example.com:8443");
+        assert_eq!(u.path_and_query.as_str(), "/v1/mcp?x=1");
+        assert_eq!(
+            Upstream::parse("http://127.0.0.1:9")
+                .expect("valid")
+                .path_and_query
+                .as_str(),
+            "/"
+        );
+    }
+
+    #[test]
+    fn upstream_parse_rejects_other_schemes_and_credentials() {
+        assert!(Upstream::parse("ftp://example.com/mcp").is_err());
+        assert!(Upstream::parse("/mcp").is_err());
+        let e = Upstream::parse("https://user:secret@example.com/mcp").expect_err("refused");
+        assert!(e.contains("credentials") && !e.contains("secret"), "{e}");
+    }
 }

@@ -1,0 +1,392 @@
+//! The HTTP proxy benchmark: the same workloads sent directly to an upstream and through
+//! `bounded-observe-mcp --http`, observed (events to a `file:` sink) and with the kill switch
+//! (a pure reverse proxy), in one run on loopback.
+//!
+//! Measured: added p50/p99 latency per `tools/call` (JSON response, keep-alive connection),
+//! SSE time to first event, 5 MB response bandwidth, and the proxy's RSS (current and peak).
+//! The upstream is an in-process hyper server on its own runtime thread; the wrapper measured is
+//! the real binary cargo built next to this one (release under `cargo bench`).
+//!
+//! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
+//! non-zero only when the harness itself cannot run. `BENCH_QUICK=1` runs a smaller workload.
+//! Results: a table on stdout and `bench/out/http.json`.
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+
+const WRAPPER: &str = env!("CARGO_BIN_EXE_bounded-observe-mcp");
+const OUT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/out");
+
+/// Size of the bandwidth workload's response (issue 6: 5 MB).
+const BLOB: usize = 5 * 1024 * 1024;
+/// The SSE tool's pause between its first event and its result.
+const SSE_PAUSE: Duration = Duration::from_millis(20);
+
+struct Settings {
+    warmup: usize,
+    calls: usize,
+    sse: usize,
+    blobs: usize,
+}
+
+type BoxBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn full(b: impl Into<Bytes>) -> BoxBody {
+    Full::new(b.into()).boxed()
+}
+
+async fn upstream(req: Request<Incoming>) -> Result<Response<BoxBody>, Infallible> {
+    let path = req.uri().path().to_string();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    if path == "/blob" {
+        let piece = Bytes::from(vec![b'z'; 64 * 1024]);
+        let stream = futures_util::stream::iter(
+            (0..BLOB / piece.len()).map(move |_| Ok::<_, Infallible>(Frame::data(piece.clone()))),
+        );
+        return Ok(Response::builder()
+            .header("content-type", "application/octet-stream")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .unwrap_or_else(|_| Response::new(full(""))));
+    }
+    let msg: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let id = msg.get("id").cloned().unwrap_or(serde_json::Value::Null);
+    let result = json!({"jsonrpc": "2.0", "id": id,
+        "result": {"content": [{"type": "text", "text": "ok"}]}});
+    if msg.pointer("/params/name").and_then(|v| v.as_str()) == Some("sse") {
+        let first = Bytes::from(format!(
+            "data: {}\n\n",
+            json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                   "params": {"progressToken": 1, "progress": 1}})
+        ));
+        let last = Bytes::from(format!("data: {result}\n\n"));
+        use futures_util::StreamExt;
+        let stream = futures_util::stream::iter([Ok::<_, Infallible>(Frame::data(first))]).chain(
+            futures_util::stream::once(async move {
+                tokio::time::sleep(SSE_PAUSE).await;
+                Ok(Frame::data(last))
+            }),
+        );
+        return Ok(Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .unwrap_or_else(|_| Response::new(full(""))));
+    }
+    Ok(Response::builder()
+        .header("content-type", "application/json")
+        .body(full(result.to_string()))
+        .unwrap_or_else(|_| Response::new(full(""))))
+}
+
+/// Starts the upstream on its own runtime thread; returns its address.
+fn start_upstream() -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("upstream runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind upstream");
+            tx.send(l.local_addr().expect("addr")).expect("send addr");
+            loop {
+                let Ok((s, _)) = l.accept().await else {
+                    continue;
+                };
+                let _ = s.set_nodelay(true);
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(s), service_fn(upstream))
+                        .await;
+                });
+            }
+        });
+    });
+    rx.recv().expect("upstream address")
+}
+
+struct Proxy {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    fn start(upstream: &str, disabled: bool) -> Proxy {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = format!("file:{}", dir.path().join("events.jsonl").display());
+        let mut cmd = Command::new(WRAPPER);
+        cmd.env_clear()
+            .args(["--http", "--upstream", upstream, "--ingest", &sink])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if disabled {
+            cmd.env("BOUNDED_OBSERVE_MCP_DISABLED", "1");
+        }
+        let mut child = cmd.spawn().expect("spawn proxy");
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        let port = loop {
+            line.clear();
+            if err.read_line(&mut line).unwrap_or(0) == 0 {
+                panic!("proxy exited before listening");
+            }
+            if let Some(rest) = line.strip_prefix("[observe-mcp] listening http://127.0.0.1:") {
+                let p: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                break p.parse().expect("port");
+            }
+        };
+        // Keep draining stderr so the proxy never blocks on it.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            while err.read_line(&mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+        });
+        Proxy {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+
+    /// (current, peak) resident set in KiB, from /proc.
+    fn rss_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+type C = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+fn call_body(id: usize, tool: &str) -> Bytes {
+    Bytes::from(
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": tool, "arguments": {"amount_cents": 4900}}})
+        .to_string(),
+    )
+}
+
+fn post(url: &str, body: Bytes) -> Request<Full<Bytes>> {
+    Request::post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(Full::new(body))
+        .expect("request")
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct Figures {
+    p50_us: f64,
+    p99_us: f64,
+    ttfe_p50_us: f64,
+    mb_per_s: f64,
+    rss_kib: u64,
+    peak_rss_kib: u64,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn measure(c: &C, url: &str, blob_url: &str, s: &Settings) -> Figures {
+    for i in 0..s.warmup {
+        let r = c
+            .request(post(url, call_body(i, "echo")))
+            .await
+            .expect("warmup");
+        let _ = r.into_body().collect().await;
+    }
+    let mut lat = Vec::with_capacity(s.calls);
+    for i in 0..s.calls {
+        let t = Instant::now();
+        let r = c
+            .request(post(url, call_body(i, "echo")))
+            .await
+            .expect("call");
+        let _ = r.into_body().collect().await.expect("body");
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    lat.sort_by(f64::total_cmp);
+
+    let mut ttfe = Vec::with_capacity(s.sse);
+    for i in 0..s.sse {
+        let t = Instant::now();
+        let r = c
+            .request(post(url, call_body(i, "sse")))
+            .await
+            .expect("sse");
+        let mut body = r.into_body();
+        let mut first = None;
+        while let Some(f) = body.frame().await {
+            let f = f.expect("frame");
+            if first.is_none() && f.data_ref().is_some_and(|d| !d.is_empty()) {
+                first = Some(t.elapsed());
+            }
+        }
+        ttfe.push(first.unwrap_or_default().as_secs_f64() * 1e6);
+    }
+    ttfe.sort_by(f64::total_cmp);
+
+    let t = Instant::now();
+    let mut bytes = 0usize;
+    for _ in 0..s.blobs {
+        let r = c
+            .request(
+                Request::get(blob_url)
+                    .body(Full::new(Bytes::new()))
+                    .expect("get"),
+            )
+            .await
+            .expect("blob");
+        bytes += r
+            .into_body()
+            .collect()
+            .await
+            .expect("blob body")
+            .to_bytes()
+            .len();
+    }
+    let secs = t.elapsed().as_secs_f64();
+
+    Figures {
+        p50_us: pct(&lat, 0.5),
+        p99_us: pct(&lat, 0.99),
+        ttfe_p50_us: pct(&ttfe, 0.5),
+        mb_per_s: bytes as f64 / (1024.0 * 1024.0) / secs,
+        ..Default::default()
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else to parse.
+    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
+    let s = if quick {
+        Settings {
+            warmup: 50,
+            calls: 300,
+            sse: 20,
+            blobs: 3,
+        }
+    } else {
+        Settings {
+            warmup: 300,
+            calls: 2_000,
+            sse: 100,
+            blobs: 20,
+        }
+    };
+    let addr = start_upstream();
+    let upstream = format!("http://{addr}/mcp");
+    let observed = Proxy::start(&upstream, false);
+    let pure = Proxy::start(&upstream, true);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let results: Vec<(&str, Figures)> = rt.block_on(async {
+        let c: C = Client::builder(TokioExecutor::new()).build_http();
+        let mut out = Vec::new();
+        let targets = [
+            ("direct", format!("http://{addr}"), None),
+            (
+                "proxy (kill switch)",
+                format!("http://127.0.0.1:{}", pure.port),
+                Some(&pure),
+            ),
+            (
+                "proxy (observed)",
+                format!("http://127.0.0.1:{}", observed.port),
+                Some(&observed),
+            ),
+        ];
+        for (name, base, proxy) in targets {
+            let mut f = measure(&c, &format!("{base}/mcp"), &format!("{base}/blob"), &s).await;
+            if let Some(p) = proxy {
+                (f.rss_kib, f.peak_rss_kib) = p.rss_kib();
+            }
+            out.push((name, f));
+        }
+        out
+    });
+
+    let direct = results[0].1.clone();
+    println!(
+        "\nHTTP proxy benchmark ({} calls, {} SSE, {} x 5 MB)\n",
+        s.calls, s.sse, s.blobs
+    );
+    println!("| target | p50 µs | p99 µs | added p50 µs | added p99 µs | SSE first event p50 µs (Δ) | 5 MB MB/s (× direct) | RSS / peak MiB |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, f) in &results {
+        println!(
+            "| {name} | {:.0} | {:.0} | {:+.0} | {:+.0} | {:.0} ({:+.0}) | {:.0} ({:.2}×) | {} |",
+            f.p50_us,
+            f.p99_us,
+            f.p50_us - direct.p50_us,
+            f.p99_us - direct.p99_us,
+            f.ttfe_p50_us,
+            f.ttfe_p50_us - direct.ttfe_p50_us,
+            f.mb_per_s,
+            f.mb_per_s / direct.mb_per_s,
+            if f.rss_kib > 0 {
+                format!(
+                    "{:.1} / {:.1}",
+                    f.rss_kib as f64 / 1024.0,
+                    f.peak_rss_kib as f64 / 1024.0
+                )
+            } else {
+                "—".into()
+            },
+        );
+    }
+    println!("\nTargets: added p50 ≤ 150 µs; 5 MB bandwidth ≥ 0.8× direct.");
+    let _ = std::fs::create_dir_all(OUT_DIR);
+    let json: serde_json::Value = results
+        .iter()
+        .map(|(n, f)| (n.to_string(), serde_json::to_value(f).unwrap_or_default()))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let _ = std::fs::write(format!("{OUT_DIR}/http.json"), json.to_string());
+}

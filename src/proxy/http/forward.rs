@@ -1,0 +1,523 @@
+//! The forwarding path: one client request in, the same request to the upstream, its response
+//! back — headers filtered for hop-by-hop only, bodies streamed frame by frame.
+//!
+//! Owns the header policy, the upstream URI mapping, the 502 for an unreachable upstream, and
+//! [`TeeBody`], the body wrapper that hands each forwarded chunk's `Bytes` copy to the
+//! observation channel after passing it on. Goes in: a hyper request. Comes out: a hyper
+//! response whose body yields the upstream's frames as they arrive. It must never buffer a
+//! body, add a header the upstream did not send, parse JSON, or wait on the observer.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+
+use super::watch::{BodyEnd, ReqKind, WatchMsg, WatchTx};
+use super::Upstream;
+use crate::tap::Direction;
+
+/// `Mcp-Session-Id`: names the session the observer scopes correlation by (hashed there).
+pub const HEADER_SESSION_ID: &str = "mcp-session-id";
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) plus the `Proxy-*` family: they describe one
+/// connection, so they stop here. Everything else is end-to-end and is passed on unchanged.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+];
+
+/// Longest the proxy keeps reading a client's request body after the upstream failed, so the
+/// calls in it can still be reported (as 502) — a slow client cannot hold a task for ever.
+const FAILED_BODY_DRAIN: Duration = Duration::from_secs(10);
+
+/// The upstream client. Bodies sent upstream are the client's own body, teed.
+pub type UpstreamClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, TeeBody>;
+
+/// What the forwarding path shares across connections.
+pub struct Forwarder {
+    pub upstream: Upstream,
+    pub client: UpstreamClient,
+    /// `None` with the kill switch: no observation at all.
+    pub watch: Option<WatchTx>,
+    next_exchange: AtomicU64,
+}
+
+impl Forwarder {
+    pub fn new(upstream: Upstream, client: UpstreamClient, watch: Option<WatchTx>) -> Self {
+        Forwarder {
+            upstream,
+            client,
+            watch,
+            next_exchange: AtomicU64::new(1),
+        }
+    }
+}
+
+/// Removes hop-by-hop headers, including any the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for h in HOP_BY_HOP {
+        headers.remove(*h);
+    }
+    for h in &named {
+        headers.remove(h);
+    }
+}
+
+/// The response body the client reads: the upstream's (teed), or the proxy's own 502.
+pub enum ProxyBody {
+    Upstream(TeeBody),
+    Full(Option<Bytes>),
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ProxyBody::Upstream(b) => Pin::new(b).poll_frame(cx),
+            ProxyBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Upstream(b) => b.is_end_stream(),
+            ProxyBody::Full(b) => b.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Upstream(b) => b.size_hint(),
+            ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |d| d.len() as u64)),
+        }
+    }
+}
+
+/// Where a teed body sends its copies.
+struct Tee {
+    watch: WatchTx,
+    ex: u64,
+    dir: Direction,
+    /// A chunk of this body was dropped: the next one that gets through says so.
+    gap: bool,
+}
+
+impl Tee {
+    fn chunk(&mut self, bytes: &Bytes) {
+        let sent = self.watch.offer(WatchMsg::Chunk {
+            ex: self.ex,
+            dir: self.dir,
+            seen: Instant::now(),
+            bytes: bytes.clone(),
+            after_gap: self.gap,
+        });
+        self.gap = !sent;
+    }
+
+    fn end(&self, how: BodyEnd) {
+        self.watch.offer(WatchMsg::End {
+            ex: self.ex,
+            dir: self.dir,
+            seen: Instant::now(),
+            how,
+        });
+    }
+}
+
+/// A body forwarded frame by frame; each data frame's `Bytes` is cloned into the observation
+/// channel after it was taken from the source (the clone is a reference count, not a copy).
+/// When dropped before its end (the reader went away), the source is dropped with it, which
+/// closes the other side's stream at once.
+pub struct TeeBody {
+    inner: Option<Incoming>,
+    tee: Option<Tee>,
+    done: bool,
+    /// Request bodies only: where the unread rest of the body goes if the upstream request
+    /// fails, so the proxy can still read the calls in it.
+    give_back: Option<Arc<Mutex<Option<Incoming>>>>,
+}
+
+impl TeeBody {
+    fn new(inner: Incoming, tee: Option<Tee>) -> Self {
+        TeeBody {
+            inner: Some(inner),
+            tee,
+            done: false,
+            give_back: None,
+        }
+    }
+}
+
+impl Body for TeeBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(&mut *inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(tee), Some(data)) = (this.tee.as_mut(), frame.data_ref()) {
+                    tee.chunk(data);
+                }
+                // hyper stops polling a body with a known length once it is complete, so the
+                // end is taken from the length, not only from a final `None`.
+                if inner.is_end_stream() {
+                    this.done = true;
+                    if let Some(tee) = &this.tee {
+                        tee.end(BodyEnd::Complete);
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if !std::mem::replace(&mut this.done, true) {
+                    if let Some(tee) = &this.tee {
+                        tee.end(BodyEnd::SourceFailed);
+                    }
+                }
+            }
+            Poll::Ready(None) => {
+                if !std::mem::replace(&mut this.done, true) {
+                    if let Some(tee) = &this.tee {
+                        tee.end(BodyEnd::Complete);
+                    }
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+impl Drop for TeeBody {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.inner.as_ref().is_some_and(|b| b.is_end_stream()) {
+            // Complete (an empty body, or hyper saw the whole length) but never polled to `None`.
+            if let Some(tee) = &self.tee {
+                tee.end(BodyEnd::Complete);
+            }
+            return;
+        }
+        if let Some(slot) = self.give_back.take() {
+            if let Ok(mut slot) = slot.lock() {
+                *slot = self.inner.take();
+                // The caller reads the rest and ends the body itself.
+                return;
+            }
+        }
+        if let Some(tee) = &self.tee {
+            tee.end(BodyEnd::ReaderGone);
+        }
+    }
+}
+
+/// Ends an exchange the observer would otherwise never see end: the client went away before
+/// the upstream's response head (the future was dropped), so no response body will report it.
+struct ExchangeGuard<'a> {
+    watch: Option<&'a WatchTx>,
+    ex: u64,
+}
+
+impl ExchangeGuard<'_> {
+    fn answered(mut self) {
+        self.watch = None;
+    }
+}
+
+impl Drop for ExchangeGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.watch {
+            w.offer(WatchMsg::End {
+                ex: self.ex,
+                dir: Direction::ServerToClient,
+                seen: Instant::now(),
+                how: BodyEnd::ReaderGone,
+            });
+        }
+    }
+}
+
+fn req_kind(m: &Method) -> ReqKind {
+    match *m {
+        Method::POST => ReqKind::Post,
+        Method::GET => ReqKind::Get,
+        Method::DELETE => ReqKind::Delete,
+        _ => ReqKind::Other,
+    }
+}
+
+/// The local root and the upstream's own path both reach the upstream endpoint; any other path
+/// goes to the same path on the upstream origin (OAuth discovery under `/.well-known/…` works).
+pub fn upstream_uri(up: &Upstream, local: &Uri) -> Result<Uri, http::Error> {
+    let path_and_query = match local.path() {
+        "" | "/" => match (up.path_and_query.query(), local.query()) {
+            (_, None) => up.path_and_query.as_str().to_string(),
+            (None, Some(q)) => format!("{}?{q}", up.path_and_query.path()),
+            (Some(uq), Some(q)) => format!("{}?{uq}&{q}", up.path_and_query.path()),
+        },
+        _ => local
+            .path_and_query()
+            .map_or_else(|| "/".to_string(), |pq| pq.as_str().to_string()),
+    };
+    Uri::builder()
+        .scheme(up.scheme.clone())
+        .authority(up.authority.clone())
+        .path_and_query(path_and_query)
+        .build()
+}
+
+fn plain(status: StatusCode, msg: &'static str) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::Full(Some(Bytes::from_static(msg.as_bytes()))));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Forwards one request. Never fails: an upstream failure is the client's 502.
+pub async fn forward(
+    fwd: Arc<Forwarder>,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    let (mut parts, body) = req.into_parts();
+    let uri = match upstream_uri(&fwd.upstream, &parts.uri) {
+        Ok(u) => u,
+        Err(_) => return Ok(plain(StatusCode::BAD_REQUEST, "Bad Request\n")),
+    };
+    let ex = fwd.next_exchange.fetch_add(1, Ordering::Relaxed);
+    let kind = req_kind(&parts.method);
+    if let Some(w) = &fwd.watch {
+        w.offer(WatchMsg::Request {
+            ex,
+            kind,
+            session: parts.headers.get(HEADER_SESSION_ID).cloned(),
+        });
+    }
+
+    strip_hop_by_hop(&mut parts.headers);
+    // The client sends our Host; the upstream gets its own (set by the client from the URI).
+    parts.headers.remove(header::HOST);
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+
+    let tee = fwd.watch.as_ref().map(|w| Tee {
+        watch: w.clone(),
+        ex,
+        dir: Direction::ClientToServer,
+        gap: false,
+    });
+    let observed = tee.is_some();
+    let mut req_body = TeeBody::new(body, tee);
+    let slot = Arc::new(Mutex::new(None));
+    if observed {
+        req_body.give_back = Some(slot.clone());
+    }
+
+    let guard = ExchangeGuard {
+        watch: fwd.watch.as_ref(),
+        ex,
+    };
+    let result = fwd
+        .client
+        .request(Request::from_parts(parts, req_body))
+        .await;
+    guard.answered();
+    match result {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            if let Some(w) = &fwd.watch {
+                w.offer(WatchMsg::Response {
+                    ex,
+                    status: parts.status.as_u16(),
+                    session: parts.headers.get(HEADER_SESSION_ID).cloned(),
+                    content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
+                    content_encoding: parts.headers.get(header::CONTENT_ENCODING).cloned(),
+                    seen: Instant::now(),
+                });
+            }
+            strip_hop_by_hop(&mut parts.headers);
+            let tee = fwd.watch.as_ref().map(|w| Tee {
+                watch: w.clone(),
+                ex,
+                dir: Direction::ServerToClient,
+                gap: false,
+            });
+            Ok(Response::from_parts(
+                parts,
+                ProxyBody::Upstream(TeeBody::new(body, tee)),
+            ))
+        }
+        Err(e) => {
+            tracing::warn!(
+                upstream = %fwd.upstream.display,
+                connect = e.is_connect(),
+                error = %error_chain(&e),
+                "Upstream unreachable; answering 502"
+            );
+            if let Some(w) = &fwd.watch {
+                let rest = slot.lock().ok().and_then(|mut s| s.take());
+                drain_for_observation(w, ex, rest).await;
+                w.offer(WatchMsg::Unreachable {
+                    ex,
+                    seen: Instant::now(),
+                });
+            }
+            Ok(plain(
+                StatusCode::BAD_GATEWAY,
+                "Bad Gateway: upstream unreachable\n",
+            ))
+        }
+    }
+}
+
+/// Reads what is left of a request body the upstream never took, into the observation channel
+/// only, within a deadline: the calls in it become 502 events.
+async fn drain_for_observation(w: &WatchTx, ex: u64, rest: Option<Incoming>) {
+    let Some(rest) = rest else {
+        return;
+    };
+    let mut body = TeeBody::new(
+        rest,
+        Some(Tee {
+            watch: w.clone(),
+            ex,
+            dir: Direction::ClientToServer,
+            gap: false,
+        }),
+    );
+    let drained = tokio::time::timeout(FAILED_BODY_DRAIN, async {
+        while let Some(frame) = body.frame().await {
+            if frame.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::debug!("Gave up reading a failed request's body");
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(url: &str) -> Upstream {
+        Upstream::parse(url).expect("valid upstream")
+    }
+
+    #[test]
+    fn root_and_upstream_path_both_reach_the_endpoint() {
+        let u = up("http://127.0.0.1:9/mcp");
+        let root: Uri = "/".parse().expect("uri");
+        let same: Uri = "/mcp".parse().expect("uri");
+        let other: Uri = "/.well-known/oauth-protected-resource"
+            .parse()
+            .expect("uri");
+        assert_eq!(
+            upstream_uri(&u, &root).expect("ok").to_string(),
+            "http://127.0.0.1:9/mcp"
+        );
+        assert_eq!(
+            upstream_uri(&u, &same).expect("ok").to_string(),
+            "http://127.0.0.1:9/mcp"
+        );
+        assert_eq!(
+            upstream_uri(&u, &other).expect("ok").to_string(),
+            "http://127.0.0.1:9/.well-known/oauth-protected-resource"
+        );
+    }
+
+    #[test]
+    fn root_query_is_merged_with_the_upstream_query() {
+        let u = up("https://example.com/mcp?tenant=a");
+        let root: Uri = "/?x=1".parse().expect("uri");
+        assert_eq!(
+            upstream_uri(&u, &root).expect("ok").to_string(),
+            "https://example.com/mcp?tenant=a&x=1"
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        h.insert("mcp-session-id", HeaderValue::from_static("s"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(h.contains_key("mcp-session-id") && h.contains_key(header::AUTHORIZATION));
+    }
+}

@@ -1,0 +1,601 @@
+//! The HTTP observation task: turns copies of forwarded exchanges into observer calls.
+//!
+//! Owns the bounded channel between the forwarding path and the [`Observer`], and the
+//! per-exchange state the observer needs: which correlation scope an exchange belongs to (one
+//! per `Mcp-Session-Id`, hashed; or one per POST when there is no session), the request body
+//! until it is complete, and the response body as JSON or as SSE events.
+//! Goes in: [`WatchMsg`]s, sent with `try_send` by the forwarding path (a full channel is a
+//! counted drop, never a wait). Comes out: `on_frame`, `on_http_failure`, `set_scope_session`,
+//! `end_scope` calls on the observer. It never touches the bytes the client or upstream see,
+//! never holds a raw session id past hashing it, and bounds every buffer it keeps.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::HeaderValue;
+use tokio::sync::mpsc;
+
+use super::sse::SseParser;
+use crate::event::EventSink;
+use crate::observe::{EndCause, Observer, StreamId};
+use crate::tap::Direction;
+
+/// Messages in flight between the forwarding path and the observation task. A body chunk is
+/// whatever hyper read (at most its ~400 KiB read buffer, usually 8–64 KiB), so a lagging
+/// observer holds tens of MiB at worst; past that the forwarding path drops and counts.
+pub const WATCH_CAPACITY: usize = 256;
+
+/// Largest JSON body (request, or `application/json` response) kept for parsing. Bodies up to
+/// 25 MB are relayed and observed; a larger one is relayed and counted, not parsed.
+pub const MAX_OBSERVED_BODY: usize = 32 * 1024 * 1024;
+
+/// Exchanges tracked at once. If an end message was dropped (full channel), the oldest
+/// exchange is forgotten rather than kept for ever.
+const MAX_EXCHANGES: usize = 4096;
+
+/// Sessions remembered at once (hash → scope); the oldest is forgotten past this.
+const MAX_SESSIONS: usize = 4096;
+
+/// Hex characters of the SHA-256 of `Mcp-Session-Id` that name a session in events: 64 bits,
+/// enough to tell sessions apart, too short to be mistaken for the id itself.
+const SESSION_HASH_HEX: usize = 16;
+
+/// How often in-flight calls are checked against the call timeout.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The HTTP method of an exchange, as far as observation cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReqKind {
+    Post,
+    Get,
+    Delete,
+    Other,
+}
+
+/// What the forwarding path reports. Header values are `Bytes`-backed: cloning one is cheap.
+#[derive(Debug)]
+pub enum WatchMsg {
+    /// A request arrived and is being forwarded.
+    Request {
+        ex: u64,
+        kind: ReqKind,
+        session: Option<HeaderValue>,
+    },
+    /// The upstream answered with this head.
+    Response {
+        ex: u64,
+        status: u16,
+        session: Option<HeaderValue>,
+        content_type: Option<HeaderValue>,
+        content_encoding: Option<HeaderValue>,
+        seen: Instant,
+    },
+    /// Bytes forwarded in one direction.
+    Chunk {
+        ex: u64,
+        dir: Direction,
+        seen: Instant,
+        bytes: Bytes,
+        after_gap: bool,
+    },
+    /// A body ended, or (for `ServerToClient`) the exchange ended before a response body began.
+    End {
+        ex: u64,
+        dir: Direction,
+        seen: Instant,
+        how: BodyEnd,
+    },
+    /// The upstream could not be reached or failed before answering: the client got a 502.
+    Unreachable { ex: u64, seen: Instant },
+}
+
+/// How a forwarded body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// It reached its end.
+    Complete,
+    /// Its source failed mid-body (the upstream or the client dropped the connection).
+    SourceFailed,
+    /// Its reader went away first: the client disconnected (the cancellation in 2026-07-28).
+    ReaderGone,
+}
+
+/// Counters shared with the forwarding path.
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    pub sent: AtomicU64,
+    pub dropped: AtomicU64,
+    pub dropped_bytes: AtomicU64,
+}
+
+/// The forwarding path's handle: cheap to clone, never blocks.
+#[derive(Clone)]
+pub struct WatchTx {
+    tx: mpsc::Sender<WatchMsg>,
+    pub stats: Arc<WatchStats>,
+}
+
+impl WatchTx {
+    /// Offers a message; a full channel is counted, never waited on. Returns whether it went.
+    pub fn offer(&self, msg: WatchMsg) -> bool {
+        let len = match &msg {
+            WatchMsg::Chunk { bytes, .. } => bytes.len() as u64,
+            _ => 0,
+        };
+        match self.tx.try_send(msg) {
+            Ok(()) => {
+                self.stats.sent.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(_) => {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                self.stats.dropped_bytes.fetch_add(len, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+}
+
+pub fn channel() -> (WatchTx, mpsc::Receiver<WatchMsg>) {
+    let (tx, rx) = mpsc::channel(WATCH_CAPACITY);
+    (
+        WatchTx {
+            tx,
+            stats: Arc::new(WatchStats::default()),
+        },
+        rx,
+    )
+}
+
+/// SHA-256 of a raw `Mcp-Session-Id`, short lower-case hex. The raw value never leaves here.
+pub fn session_hash(raw: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, raw);
+    let mut out = String::with_capacity(SESSION_HASH_HEX);
+    for b in digest.as_ref().iter().take(SESSION_HASH_HEX / 2) {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// How a response body is read for observation.
+enum RespBody {
+    Json {
+        buf: Vec<u8>,
+        usable: bool,
+    },
+    Sse(SseParser),
+    /// Not JSON-RPC (another content type) or not readable (compressed): relayed, not parsed.
+    Ignored,
+}
+
+struct Exchange {
+    kind: ReqKind,
+    req_session: Option<HeaderValue>,
+    /// Known once the response head (or the failure) is.
+    scope: Option<StreamId>,
+    /// The scope lives only as long as this exchange (no session).
+    own_scope: bool,
+    req: Vec<u8>,
+    req_usable: bool,
+    req_done: Option<Instant>,
+    /// The request frame has been handed to the observer (or given up on).
+    req_fed: bool,
+    status: Option<u16>,
+    resp: Option<RespBody>,
+    /// Response messages parsed before the request was fed; replayed right after it, so the
+    /// observer always sees a request before its response.
+    pending: Vec<(Instant, Vec<u8>)>,
+    pending_bytes: usize,
+}
+
+/// Counters for `--debug`.
+#[derive(Debug, Default, Clone)]
+pub struct WatchTotals {
+    pub exchanges: u64,
+    pub unparsed_bodies: u64,
+    pub compressed_bodies: u64,
+    pub evicted: u64,
+}
+
+struct Watcher<S: EventSink> {
+    observer: Observer<S>,
+    exchanges: BTreeMap<u64, Exchange>,
+    /// Session hash → (scope, order of first sight).
+    sessions: HashMap<String, (StreamId, u64)>,
+    next_scope: u64,
+    totals: WatchTotals,
+}
+
+/// Runs until every sender is gone, then returns the observer for `finish`.
+pub async fn run<S: EventSink>(
+    mut rx: mpsc::Receiver<WatchMsg>,
+    observer: Observer<S>,
+) -> (Observer<S>, WatchTotals) {
+    let mut w = Watcher {
+        observer,
+        exchanges: BTreeMap::new(),
+        sessions: HashMap::new(),
+        next_scope: 1,
+        totals: WatchTotals::default(),
+    };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some(m) => w.handle(m),
+                None => break,
+            },
+            _ = tick.tick() => w.observer.on_tick(Instant::now()),
+        }
+    }
+    // Whatever is still open ended with the process.
+    let now = Instant::now();
+    let open: Vec<u64> = w.exchanges.keys().copied().collect();
+    for ex in open {
+        w.finish_exchange(ex, now, EndCause::SessionEnd);
+    }
+    (w.observer, w.totals)
+}
+
+fn is_2xx(status: u16) -> bool {
+    (200..300).contains(&status)
+}
+
+impl<S: EventSink> Watcher<S> {
+    fn handle(&mut self, msg: WatchMsg) {
+        match msg {
+            WatchMsg::Request { ex, kind, session } => {
+                self.totals.exchanges += 1;
+                if self.exchanges.len() >= MAX_EXCHANGES {
+                    if let Some((&old, _)) = self.exchanges.iter().next() {
+                        self.totals.evicted += 1;
+                        self.finish_exchange(old, Instant::now(), EndCause::SessionEnd);
+                    }
+                }
+                self.exchanges.insert(
+                    ex,
+                    Exchange {
+                        kind,
+                        req_session: session,
+                        scope: None,
+                        own_scope: false,
+                        req: Vec::new(),
+                        req_usable: kind == ReqKind::Post,
+                        req_done: None,
+                        req_fed: kind != ReqKind::Post,
+                        status: None,
+                        resp: None,
+                        pending: Vec::new(),
+                        pending_bytes: 0,
+                    },
+                );
+            }
+            WatchMsg::Response {
+                ex,
+                status,
+                session,
+                content_type,
+                content_encoding,
+                seen,
+            } => self.on_response(ex, status, session, content_type, content_encoding, seen),
+            WatchMsg::Chunk {
+                ex,
+                dir,
+                seen,
+                bytes,
+                after_gap,
+            } => self.on_chunk(ex, dir, seen, &bytes, after_gap),
+            WatchMsg::End { ex, dir, seen, how } => self.on_end(ex, dir, seen, how),
+            WatchMsg::Unreachable { ex, seen } => {
+                let Some(x) = self.exchanges.get_mut(&ex) else {
+                    return;
+                };
+                x.status = Some(502);
+                if x.scope.is_none() {
+                    self.assign_scope(ex, None);
+                }
+                self.feed_request(ex);
+                self.finish_exchange(ex, seen, EndCause::Transport);
+            }
+        }
+    }
+
+    fn scope_for_session(&mut self, raw: &HeaderValue) -> StreamId {
+        let hash = session_hash(raw.as_bytes());
+        if let Some((scope, _)) = self.sessions.get(&hash) {
+            return *scope;
+        }
+        if self.sessions.len() >= MAX_SESSIONS {
+            if let Some(oldest) = self
+                .sessions
+                .iter()
+                .min_by_key(|(_, (_, order))| *order)
+                .map(|(h, _)| h.clone())
+            {
+                if let Some((scope, _)) = self.sessions.remove(&oldest) {
+                    self.observer
+                        .end_scope(scope, Instant::now(), EndCause::SessionEnd);
+                }
+            }
+        }
+        let scope = StreamId(self.next_scope);
+        self.next_scope += 1;
+        self.sessions.insert(hash.clone(), (scope, scope.0));
+        self.observer.set_scope_session(scope, hash);
+        scope
+    }
+
+    fn assign_scope(&mut self, ex: u64, resp_session: Option<&HeaderValue>) {
+        let Some(x) = self.exchanges.get(&ex) else {
+            return;
+        };
+        let session = x.req_session.clone().or_else(|| resp_session.cloned());
+        let (scope, own) = match session {
+            Some(s) => (self.scope_for_session(&s), false),
+            None => {
+                let scope = StreamId(self.next_scope);
+                self.next_scope += 1;
+                (scope, true)
+            }
+        };
+        if let Some(x) = self.exchanges.get_mut(&ex) {
+            x.scope = Some(scope);
+            x.own_scope = own;
+        }
+    }
+
+    fn on_response(
+        &mut self,
+        ex: u64,
+        status: u16,
+        session: Option<HeaderValue>,
+        content_type: Option<HeaderValue>,
+        content_encoding: Option<HeaderValue>,
+        seen: Instant,
+    ) {
+        if !self.exchanges.contains_key(&ex) {
+            return;
+        }
+        self.assign_scope(ex, session.as_ref());
+        let compressed = content_encoding
+            .as_ref()
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let ct = content_type
+            .as_ref()
+            .map(|v| v.as_bytes().to_ascii_lowercase())
+            .unwrap_or_default();
+        let sse = ct.starts_with(b"text/event-stream");
+        let json = ct.starts_with(b"application/json")
+            || ct
+                .split(|&b| b == b';')
+                .next()
+                .is_some_and(|e| e.ends_with(b"+json"));
+        let body = if compressed && (sse || json) {
+            if self.totals.compressed_bodies == 0 {
+                let encoding = content_encoding
+                    .as_ref()
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .unwrap_or_default();
+                tracing::warn!(
+                    encoding,
+                    "The upstream compresses MCP responses: they are relayed as sent, and the \
+                     calls they answer are not observed"
+                );
+            }
+            self.totals.compressed_bodies += 1;
+            RespBody::Ignored
+        } else if compressed {
+            RespBody::Ignored
+        } else if sse {
+            RespBody::Sse(SseParser::new())
+        } else if json {
+            RespBody::Json {
+                buf: Vec::new(),
+                usable: true,
+            }
+        } else {
+            RespBody::Ignored
+        };
+        let unreadable = compressed && (sse || json);
+        let Some(x) = self.exchanges.get_mut(&ex) else {
+            return;
+        };
+        if unreadable {
+            // Its answers cannot be read: reporting its calls would invent timeouts.
+            x.req_usable = false;
+        }
+        x.status = Some(status);
+        x.resp = Some(body);
+        let kind = x.kind;
+        let scope = x.scope;
+        let req_session = x.req_session.is_some();
+        if x.req_done.is_some() {
+            self.feed_request(ex);
+        }
+        if let Some(scope) = scope {
+            // The session is over: DELETE accepted, or the upstream no longer knows it.
+            let session_over =
+                req_session && ((kind == ReqKind::Delete && is_2xx(status)) || status == 404);
+            if session_over {
+                self.observer.end_scope(scope, seen, EndCause::SessionEnd);
+                self.sessions.retain(|_, (s, _)| *s != scope);
+            }
+        }
+    }
+
+    /// Hands the complete request body to the observer once its scope is known; then any
+    /// response messages that arrived first; then, for a non-2xx answer, the failure.
+    fn feed_request(&mut self, ex: u64) {
+        let Some(x) = self.exchanges.get_mut(&ex) else {
+            return;
+        };
+        if x.req_fed {
+            return;
+        }
+        let (Some(scope), Some(seen)) = (x.scope, x.req_done) else {
+            return;
+        };
+        x.req_fed = true;
+        let req = std::mem::take(&mut x.req);
+        let usable = x.req_usable && !req.is_empty();
+        let pending = std::mem::take(&mut x.pending);
+        x.pending_bytes = 0;
+        let status = x.status;
+        if usable {
+            self.observer
+                .on_frame(scope, Direction::ClientToServer, seen, &req);
+        } else if x.kind == ReqKind::Post {
+            self.totals.unparsed_bodies += 1;
+        }
+        for (t, frame) in pending {
+            self.observer
+                .on_frame(scope, Direction::ServerToClient, t, &frame);
+        }
+        if let Some(status) = status.filter(|s| !is_2xx(*s)) {
+            if usable {
+                self.observer.on_http_failure(scope, &req, status, seen);
+            }
+        }
+    }
+
+    fn on_chunk(&mut self, ex: u64, dir: Direction, seen: Instant, bytes: &[u8], gap: bool) {
+        let Some(x) = self.exchanges.get_mut(&ex) else {
+            return;
+        };
+        match dir {
+            Direction::ClientToServer => {
+                if !x.req_usable || x.req_fed {
+                    return;
+                }
+                if gap || x.req.len() + bytes.len() > MAX_OBSERVED_BODY {
+                    x.req_usable = false;
+                    x.req = Vec::new();
+                } else {
+                    x.req.extend_from_slice(bytes);
+                }
+            }
+            Direction::ServerToClient => {
+                let mut frames: Vec<Vec<u8>> = Vec::new();
+                match &mut x.resp {
+                    None | Some(RespBody::Ignored) => return,
+                    Some(RespBody::Json { buf, usable }) => {
+                        if !*usable {
+                            return;
+                        }
+                        if gap || buf.len() + bytes.len() > MAX_OBSERVED_BODY {
+                            *usable = false;
+                            *buf = Vec::new();
+                        } else {
+                            buf.extend_from_slice(bytes);
+                        }
+                        return;
+                    }
+                    Some(RespBody::Sse(p)) => {
+                        if gap {
+                            p.lost_bytes();
+                        }
+                        p.feed(bytes, &mut |data| frames.push(data.to_vec()));
+                    }
+                }
+                for f in frames {
+                    self.s2c_frame(ex, seen, f);
+                }
+            }
+        }
+    }
+
+    fn s2c_frame(&mut self, ex: u64, seen: Instant, frame: Vec<u8>) {
+        let Some(x) = self.exchanges.get_mut(&ex) else {
+            return;
+        };
+        match x.scope {
+            Some(scope) if x.req_fed => {
+                self.observer
+                    .on_frame(scope, Direction::ServerToClient, seen, &frame);
+            }
+            _ => {
+                // Bounded: a request that never completes cannot make us hold its stream.
+                if x.pending_bytes + frame.len() <= MAX_OBSERVED_BODY {
+                    x.pending_bytes += frame.len();
+                    x.pending.push((seen, frame));
+                } else {
+                    self.totals.unparsed_bodies += 1;
+                }
+            }
+        }
+    }
+
+    fn on_end(&mut self, ex: u64, dir: Direction, seen: Instant, how: BodyEnd) {
+        let complete = how == BodyEnd::Complete;
+        let Some(x) = self.exchanges.get_mut(&ex) else {
+            return;
+        };
+        match dir {
+            Direction::ClientToServer => {
+                if !complete {
+                    x.req_usable = false;
+                }
+                x.req_done = Some(seen);
+                if x.scope.is_some() {
+                    self.feed_request(ex);
+                }
+            }
+            Direction::ServerToClient => {
+                if let Some(RespBody::Json { buf, usable }) = x.resp.take() {
+                    if usable && complete && !buf.is_empty() {
+                        self.s2c_frame(ex, seen, buf);
+                    } else {
+                        self.totals.unparsed_bodies += 1;
+                    }
+                }
+                // A client that went away cancelled what it was waiting for; an upstream that
+                // failed mid-body is a transport end.
+                let cause = match how {
+                    BodyEnd::Complete => EndCause::SessionEnd,
+                    BodyEnd::ReaderGone => EndCause::ClientClosed,
+                    BodyEnd::SourceFailed => EndCause::Transport,
+                };
+                self.finish_exchange(ex, seen, cause);
+            }
+        }
+    }
+
+    /// Forgets an exchange; a per-exchange scope ends with it.
+    fn finish_exchange(&mut self, ex: u64, seen: Instant, cause: EndCause) {
+        // Ended before any response head (the client gave up while waiting): the request is
+        // still reported, in its session or in a scope of its own that ends right here.
+        if self
+            .exchanges
+            .get(&ex)
+            .is_some_and(|x| x.scope.is_none() && x.req_done.is_some())
+        {
+            self.assign_scope(ex, None);
+        }
+        self.feed_request(ex);
+        let Some(x) = self.exchanges.remove(&ex) else {
+            return;
+        };
+        if let (Some(scope), true) = (x.scope, x.own_scope) {
+            self.observer.end_scope(scope, seen, cause);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_hash_is_short_stable_hex_and_not_the_raw_value() {
+        let h = session_hash(b"secret-session-123");
+        assert_eq!(h.len(), SESSION_HASH_HEX);
+        assert!(h.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(h, session_hash(b"secret-session-123"));
+        assert_ne!(h, session_hash(b"secret-session-124"));
+        assert!(!h.contains("secret"));
+    }
+}

@@ -1,0 +1,1031 @@
+//! The HTTP proxy (`--http --upstream URL`) against real upstreams on loopback: the rmcp
+//! Streamable HTTP server (both eras, with and without sessions) driven by the rmcp client, and
+//! a raw fixture for delayed SSE, hanging streams, 25 MB bodies, gzip, 202s and header echo.
+//! Each test starts its own fixture and proxy and reaps both.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+/// Generous: the machine is small and shared.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_bounded-observe-mcp")
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(bin())
+        .parent()
+        .expect("bin dir")
+        .join("examples")
+        .join(name)
+}
+
+/// A fixture upstream; killed and reaped on drop (it also exits when its stdin closes).
+struct Fixture {
+    child: Child,
+    _stdin: ChildStdin,
+    url: String,
+}
+
+impl Fixture {
+    fn start(mode: &str) -> Fixture {
+        let mut child = Command::new(example("http_fixture_server"))
+            .arg(mode)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn fixture (built by cargo test as an example)");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("fixture prints its URL");
+        let url = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("unexpected fixture line {line:?}"))
+            .to_string();
+        Fixture {
+            child,
+            _stdin: stdin,
+            url,
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`
+    fn origin(&self) -> String {
+        self.url.trim_end_matches("/mcp").to_string()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The proxy under test; killed and reaped on drop. Its stderr is collected for assertions.
+struct Proxy {
+    child: Child,
+    port: u16,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Proxy {
+    fn start(upstream: &str, env: &[(&str, &str)], extra: &[&str]) -> Proxy {
+        let mut cmd = Command::new(bin());
+        cmd.env_clear()
+            .args(["--http", "--upstream", upstream])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn proxy");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut err = BufReader::new(child.stderr.take().expect("stderr"));
+        let collected = stderr.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let mut sent = false;
+            while err.read_line(&mut line).unwrap_or(0) > 0 {
+                if !sent {
+                    if let Some(rest) =
+                        line.strip_prefix("[observe-mcp] listening http://127.0.0.1:")
+                    {
+                        let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                        let _ = tx.send((port, line.clone()));
+                        sent = true;
+                    }
+                }
+                collected.lock().expect("lock").push_str(&line);
+                line.clear();
+            }
+        });
+        let (port, line) = rx
+            .recv_timeout(START_TIMEOUT)
+            .unwrap_or_else(|_| panic!("proxy never printed its listening line"));
+        assert_eq!(
+            line.trim_end(),
+            format!("[observe-mcp] listening http://127.0.0.1:{port} → {upstream}"),
+            "the listening line is exactly this shape"
+        );
+        Proxy {
+            child,
+            port: port.parse().expect("port"),
+            stderr,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn signal(&mut self, sig: libc::c_int) -> i32 {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
+        unsafe { libc::kill(pid, sig) };
+        let deadline = Instant::now() + IO_TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st.code().expect("exited, not killed");
+            }
+            assert!(Instant::now() < deadline, "proxy did not exit on signal");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+fn client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+async fn send(
+    c: &TestClient,
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    let mut req = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(body.into())).expect("request");
+    let resp = tokio::time::timeout(IO_TIMEOUT, c.request(req))
+        .await
+        .expect("answered in time")
+        .expect("request succeeds");
+    let (parts, body) = resp.into_parts();
+    let body = tokio::time::timeout(IO_TIMEOUT, body.collect())
+        .await
+        .expect("body in time")
+        .expect("body")
+        .to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+const JSON_POST: &[(&str, &str)] = &[
+    ("content-type", "application/json"),
+    ("accept", "application/json, text/event-stream"),
+];
+
+/// Headers as a comparable map, minus those that differ per response by nature.
+fn comparable(h: &HeaderMap) -> BTreeMap<String, String> {
+    h.iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "date" | "mcp-session-id"))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+fn call(id: u64, tool: &str) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": tool, "arguments": {}}})
+    .to_string()
+}
+
+// ---------------------------------------------------------------- the rmcp SDK, both eras
+
+mod rmcp_client {
+    use super::*;
+    use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+
+    /// Runs a fixed conversation and returns what the client saw, as JSON.
+    pub async fn conversation(url: &str, lifecycle: ClientLifecycleMode) -> Value {
+        // reqwest is built without a default TLS provider; install the one the crate uses.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+        let client = tokio::time::timeout(
+            IO_TIMEOUT,
+            ClientConfig::default().serve_with_lifecycle(transport, lifecycle),
+        )
+        .await
+        .expect("handshake in time")
+        .expect("handshake succeeds");
+        let mut tools: Vec<String> = client
+            .list_all_tools()
+            .await
+            .expect("tools/list")
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        tools.sort();
+        let echo = client
+            .call_tool(
+                CallToolRequestParams::new("echo").with_arguments(
+                    json!({"text": "hello through the proxy"})
+                        .as_object()
+                        .cloned()
+                        .expect("object"),
+                ),
+            )
+            .await
+            .expect("echo");
+        let add = client
+            .call_tool(
+                CallToolRequestParams::new("add").with_arguments(
+                    json!({"a": 40, "b": 2})
+                        .as_object()
+                        .cloned()
+                        .expect("object"),
+                ),
+            )
+            .await
+            .expect("add");
+        let missing = client
+            .call_tool(CallToolRequestParams::new("no_such_tool"))
+            .await
+            .is_err();
+        let _ = client.cancel().await;
+        json!({
+            "tools": tools,
+            "echo": serde_json::to_value(&echo).expect("json"),
+            "add": serde_json::to_value(&add).expect("json"),
+            "missing_tool_is_error": missing,
+        })
+    }
+
+    pub fn legacy() -> ClientLifecycleMode {
+        ClientLifecycleMode::Initialize
+    }
+
+    pub fn stateless() -> ClientLifecycleMode {
+        ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_legacy_session_client_sees_the_same_through_the_proxy() {
+    let fx = Fixture::start("rmcp");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let direct = rmcp_client::conversation(&fx.url, rmcp_client::legacy()).await;
+    let proxied = rmcp_client::conversation(&proxy.url("/mcp"), rmcp_client::legacy()).await;
+    assert_eq!(direct["add"]["content"][0]["text"], "42");
+    assert_eq!(direct, proxied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_stateless_2026_client_sees_the_same_through_the_proxy() {
+    let fx = Fixture::start("rmcp");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let direct = rmcp_client::conversation(&fx.url, rmcp_client::stateless()).await;
+    // The local root reaches the upstream's /mcp as well.
+    let proxied = rmcp_client::conversation(&proxy.url("/"), rmcp_client::stateless()).await;
+    assert_eq!(
+        direct["echo"]["content"][0]["text"],
+        "hello through the proxy"
+    );
+    assert_eq!(direct, proxied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rmcp_json_response_server_sees_the_same_through_the_proxy() {
+    let fx = Fixture::start("rmcp-json");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let direct = rmcp_client::conversation(&fx.url, rmcp_client::legacy()).await;
+    let proxied = rmcp_client::conversation(&proxy.url("/mcp"), rmcp_client::legacy()).await;
+    assert_eq!(direct["add"]["content"][0]["text"], "42");
+    assert_eq!(direct, proxied);
+}
+
+/// The legacy session lifecycle at the HTTP level: the session id from `initialize`, the GET
+/// stream, and DELETE — each status and content type as the upstream gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_get_stream_and_delete_pass_through() {
+    let fx = Fixture::start("rmcp");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "proxy-test", "version": "1"}}})
+    .to_string();
+    let a = send(&c, Method::POST, &proxy.url("/mcp"), JSON_POST, init).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let sid = a
+        .headers
+        .get("mcp-session-id")
+        .expect("the upstream's session id reaches the client")
+        .to_str()
+        .expect("ascii")
+        .to_string();
+    assert!(String::from_utf8_lossy(&a.body).contains("serverInfo"));
+
+    let with_sid: Vec<(&str, &str)> = JSON_POST
+        .iter()
+        .copied()
+        .chain([
+            ("mcp-session-id", sid.as_str()),
+            ("mcp-protocol-version", "2025-11-25"),
+        ])
+        .collect();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
+    let a = send(&c, Method::POST, &proxy.url("/mcp"), &with_sid, initialized).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED);
+    assert!(a.body.is_empty());
+
+    // The GET stream opens and stays open: read its head only.
+    let get = Request::get(proxy.url("/mcp"))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", sid.as_str())
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let stream = tokio::time::timeout(IO_TIMEOUT, c.request(get))
+        .await
+        .expect("GET in time")
+        .expect("GET");
+    assert_eq!(stream.status(), StatusCode::OK);
+    assert_eq!(
+        stream.headers().get("content-type").map(|v| v.as_bytes()),
+        Some(&b"text/event-stream"[..])
+    );
+    assert!(
+        stream.headers().get("content-length").is_none(),
+        "no length invented on a stream"
+    );
+    drop(stream);
+
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        &with_sid,
+        call(2, "add"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+
+    let a = send(&c, Method::DELETE, &proxy.url("/mcp"), &with_sid, "").await;
+    assert!(a.status.is_success(), "DELETE: {}", a.status);
+    // The session is gone upstream: the upstream's own answer comes back, not ours.
+    let direct = send(&c, Method::POST, &fx.url, &with_sid, call(3, "add")).await;
+    let proxied = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        &with_sid,
+        call(3, "add"),
+    )
+    .await;
+    assert_eq!(proxied.status, direct.status);
+    assert_eq!(proxied.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------- streaming
+
+/// An SSE event reaches the client as soon as the upstream sends it, not with the response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_event_reaches_the_client_before_the_delayed_response() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    for (label, url) in [("direct", fx.url.clone()), ("proxy", proxy.url("/mcp"))] {
+        let mut req = Request::post(url.as_str());
+        for (k, v) in JSON_POST {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(Full::new(Bytes::from(call(7, "slow"))))
+            .expect("request");
+        let resp = tokio::time::timeout(IO_TIMEOUT, c.request(req))
+            .await
+            .expect("head in time")
+            .expect("head");
+        assert!(resp.headers().get("content-length").is_none());
+        let mut body = resp.into_body();
+        let mut text = String::new();
+        let mut first_event_at = None;
+        let mut response_at = None;
+        while let Some(frame) = tokio::time::timeout(IO_TIMEOUT, body.frame())
+            .await
+            .expect("frame in time")
+        {
+            let frame = frame.expect("frame");
+            if let Some(d) = frame.data_ref() {
+                text.push_str(&String::from_utf8_lossy(d));
+                if first_event_at.is_none() && text.contains("first event") {
+                    first_event_at = Some(Instant::now());
+                }
+                if response_at.is_none() && text.contains("\"done\"") {
+                    response_at = Some(Instant::now());
+                }
+            }
+        }
+        let first = first_event_at.expect("first event seen");
+        let last = response_at.expect("response seen");
+        let gap = last.duration_since(first);
+        eprintln!("{label}: first SSE event arrived {gap:?} before the response");
+        // The upstream pauses 1 s between the two; a buffering proxy would deliver them together.
+        assert!(
+            gap >= Duration::from_millis(500),
+            "{label}: first event only {gap:?} before the response: buffered"
+        );
+    }
+}
+
+/// A client that goes away mid-stream closes the upstream request at once (in 2026-07-28 that
+/// is the cancellation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_mid_stream_closes_the_upstream_stream() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    let mut req = Request::post(proxy.url("/mcp"));
+    for (k, v) in JSON_POST {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(call(9, "hang"))))
+        .expect("request");
+    let resp = tokio::time::timeout(IO_TIMEOUT, c.request(req))
+        .await
+        .expect("head in time")
+        .expect("head");
+    let mut body = resp.into_body();
+    let frame = tokio::time::timeout(IO_TIMEOUT, body.frame())
+        .await
+        .expect("first event in time")
+        .expect("a frame")
+        .expect("ok frame");
+    assert!(String::from_utf8_lossy(frame.data_ref().expect("data")).contains("hanging"));
+    let stats = send(&c, Method::GET, &format!("{}/stats", fx.origin()), &[], "").await;
+    let v: Value = serde_json::from_slice(&stats.body).expect("stats");
+    assert_eq!(v["closed_streams"], 0, "stream still open while read");
+
+    drop(body);
+    drop(c);
+    let c = client();
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        let stats = send(&c, Method::GET, &format!("{}/stats", fx.origin()), &[], "").await;
+        let v: Value = serde_json::from_slice(&stats.body).expect("stats");
+        if v["closed_streams"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "upstream stream still open after the client left"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A client that goes away mid-upload ends the upstream's request body with an error, not a
+/// silently truncated success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_mid_upload_reaches_the_upstream() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let mut s = TcpStream::connect(("127.0.0.1", proxy.port)).expect("connect");
+    write!(
+        s,
+        "POST /slow-upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+    )
+    .expect("head");
+    s.write_all(&[b' '; 4096]).expect("part of the body");
+    s.flush().expect("flush");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(s);
+    let c = client();
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        let stats = send(&c, Method::GET, &format!("{}/stats", fx.origin()), &[], "").await;
+        let v: Value = serde_json::from_slice(&stats.body).expect("stats");
+        if v["aborted_uploads"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "upstream never saw the upload cut"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_of_25_mb_are_relayed_both_ways() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    let big: Vec<u8> = (0..25 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let sum: u64 = big.iter().map(|&b| u64::from(b)).sum();
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/upload"),
+        &[("content-type", "application/octet-stream")],
+        big,
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let v: Value = serde_json::from_slice(&a.body).expect("json");
+    assert_eq!(v["bytes"], 25 * 1024 * 1024);
+    assert_eq!(v["sum"], sum);
+
+    let a = send(&c, Method::GET, &proxy.url("/big"), &[], "").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.body.len(), 25 * 1024 * 1024);
+    assert!(a.body.iter().all(|&b| b == b'y'));
+
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        JSON_POST,
+        call(5, "big"),
+    )
+    .await;
+    let direct = send(&c, Method::POST, &fx.url, JSON_POST, call(5, "big")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.body.len() > 25 * 1024 * 1024);
+    assert!(a.body == direct.body, "25 MB JSON result differs");
+}
+
+// ---------------------------------------------------------------- headers and statuses
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end_headers_pass_and_hop_by_hop_headers_stop() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    let sent: &[(&str, &str)] = &[
+        ("authorization", "Bearer canary-token"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-session-id", "sess-1"),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "echo"),
+        ("mcp-param-region", "eu"),
+        ("last-event-id", "42"),
+        ("x-custom", "kept"),
+        ("connection", "x-conn-private"),
+        ("x-conn-private", "dropped"),
+        ("proxy-authorization", "Basic dropped"),
+        ("te", "trailers"),
+    ];
+    let a = send(&c, Method::GET, &proxy.url("/headers"), sent, "").await;
+    let direct = send(
+        &c,
+        Method::GET,
+        &format!("{}/headers", fx.origin()),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED, "upstream status passes");
+    let seen: Value = serde_json::from_slice(&a.body).expect("echo");
+    for (k, v) in sent.iter().take(9) {
+        assert_eq!(seen[*k], *v, "{k} reaches the upstream unchanged");
+    }
+    for k in ["connection", "x-conn-private", "proxy-authorization", "te"] {
+        assert!(seen.get(k).is_none(), "{k} must not reach the upstream");
+    }
+    assert_eq!(
+        seen["host"],
+        fx.origin().trim_start_matches("http://"),
+        "Host is the upstream's"
+    );
+    for k in ["x-forwarded-for", "via", "forwarded"] {
+        assert!(seen.get(k).is_none(), "{k} invented");
+    }
+    // Response: end-to-end kept (incl. WWW-Authenticate and Mcp-Session-Id), Keep-Alive dropped.
+    assert_eq!(
+        a.headers["www-authenticate"],
+        direct.headers["www-authenticate"]
+    );
+    assert_eq!(a.headers["mcp-session-id"], "sess-from-upstream");
+    assert_eq!(a.headers["x-end-to-end"], "kept");
+    assert!(a.headers.get("keep-alive").is_none());
+    let mut d = comparable(&direct.headers);
+    d.remove("keep-alive");
+    d.remove("content-length");
+    let mut p = comparable(&a.headers);
+    p.remove("content-length");
+    assert_eq!(p, d, "response headers are the upstream's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodyless_202_stays_bodyless_and_typeless() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
+    let direct = send(&c, Method::POST, &fx.url, JSON_POST, note.clone()).await;
+    let a = send(&c, Method::POST, &proxy.url("/mcp"), JSON_POST, note).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED);
+    assert!(a.body.is_empty());
+    assert!(
+        a.headers.get("content-type").is_none(),
+        "content type invented"
+    );
+    assert_eq!(comparable(&a.headers), comparable(&direct.headers));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_statuses_pass_through_unchanged() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    let unknown: Vec<(&str, &str)> = JSON_POST
+        .iter()
+        .copied()
+        .chain([("mcp-session-id", "unknown-session")])
+        .collect();
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        &unknown,
+        call(1, "echo"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "unknown session stays 404");
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        JSON_POST,
+        call(2, "fail"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(&a.body[..], br#"{"error":"overloaded"}"#);
+    let a = send(&c, Method::GET, &proxy.url("/nowhere"), &[], "").await;
+    assert_eq!(
+        a.status,
+        StatusCode::NOT_FOUND,
+        "other paths reach the upstream origin"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_body_is_relayed_byte_for_byte() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    let gz = &[("accept-encoding", "gzip")];
+    let direct = send(&c, Method::GET, &format!("{}/gzip", fx.origin()), gz, "").await;
+    let a = send(&c, Method::GET, &proxy.url("/gzip"), gz, "").await;
+    assert_eq!(a.headers["content-encoding"], "gzip");
+    assert_eq!(&a.body[..2], &[0x1f, 0x8b], "still gzip");
+    assert_eq!(a.body, direct.body);
+}
+
+// ---------------------------------------------------------------- failures and lifecycle
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_answers_502() {
+    let upstream = format!("http://127.0.0.1:{}/mcp", free_port());
+    let proxy = Proxy::start(&upstream, &[], &[]);
+    let c = client();
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        JSON_POST,
+        call(1, "echo"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    // The proxy stays up for the next request.
+    let a = send(&c, Method::GET, &proxy.url("/mcp"), &[], "").await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    assert!(proxy.stderr.lock().expect("lock").contains("502"));
+}
+
+/// With the kill switch the proxy still relays, and nothing connects to the ingest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_switch_is_a_pure_proxy_with_no_network_to_the_ingest() {
+    let fx = Fixture::start("raw");
+    let ingest = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    ingest.set_nonblocking(true).expect("nonblocking");
+    let ingest_url = format!("http://{}", ingest.local_addr().expect("addr"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = [
+        ("BOUNDED_OBSERVE_MCP_DISABLED", "1"),
+        ("BOUNDED_SENSOR_TOKEN", "obs1.killswitch.c2ln"),
+        ("BOUNDED_INGEST_BASE", ingest_url.as_str()),
+        ("BOUNDED_FLUSH_MS", "10"),
+    ];
+    let mut proxy = Proxy::start(&fx.url, &env, &[]);
+    let c = client();
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        JSON_POST,
+        call(1, "echo"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&a.body).contains("\"ok\""));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(proxy.signal(libc::SIGTERM), 128 + libc::SIGTERM);
+    match ingest.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the disabled proxy connected to the ingest: {other:?}"),
+    }
+    drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_and_sigterm_shut_down_with_128_plus_signal() {
+    let fx = Fixture::start("raw");
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let mut proxy = Proxy::start(&fx.url, &[("BOUNDED_SHUTDOWN_FLUSH_MS", "200")], &[]);
+        // An open stream must not hold the shutdown.
+        let c = client();
+        let mut req = Request::post(proxy.url("/mcp"));
+        for (k, v) in JSON_POST {
+            req = req.header(*k, *v);
+        }
+        let resp = c
+            .request(
+                req.body(Full::new(Bytes::from(call(9, "hang"))))
+                    .expect("request"),
+            )
+            .await
+            .expect("head");
+        let started = Instant::now();
+        assert_eq!(proxy.signal(sig), 128 + sig);
+        assert!(started.elapsed() < Duration::from_secs(20));
+        drop(resp);
+    }
+}
+
+#[test]
+fn unusable_port_fails_to_start_with_exit_1() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = held.local_addr().expect("addr").port().to_string();
+    let out = Command::new(bin())
+        .env_clear()
+        .args([
+            "--http",
+            "--upstream",
+            "http://127.0.0.1:9/mcp",
+            "--port",
+            &port,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let mut err = String::new();
+    out.stderr
+        .as_slice()
+        .read_to_string(&mut err)
+        .expect("utf8");
+    assert!(err.contains("cannot listen"), "{err}");
+}
+
+// ---------------------------------------------------------------- observation (file sink)
+
+/// Runs the proxy with a `file:` sink, lets `drive` talk through it, stops it with SIGTERM
+/// and returns every event it wrote, the raw sink text (for canary checks) and its stderr.
+async fn observed<F, Fut>(upstream: &str, drive: F) -> (Vec<Value>, String, String)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = dir.path().join("events.jsonl");
+    let ingest = format!("file:{}", sink.display());
+    let mut proxy = Proxy::start(
+        upstream,
+        &[("BOUNDED_FLUSH_MS", "20")],
+        &["--ingest", &ingest],
+    );
+    drive(proxy.url("/mcp")).await;
+    assert_eq!(proxy.signal(libc::SIGTERM), 128 + libc::SIGTERM);
+    let stderr = proxy.stderr.lock().expect("lock").clone();
+    let text = std::fs::read_to_string(&sink).unwrap_or_default();
+    let events = text
+        .lines()
+        .flat_map(|l| {
+            let batch: Value = serde_json::from_str(l).expect("one batch per line");
+            batch["events"].as_array().cloned().unwrap_or_default()
+        })
+        .collect();
+    (events, text, stderr)
+}
+
+fn by_action<'a>(events: &'a [Value], action: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["rec"]["action"] == action)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_through_the_proxy_become_events_in_both_eras() {
+    let fx = Fixture::start("rmcp");
+    let host = fx.origin().trim_start_matches("http://").to_string();
+    let (events, _, _) = observed(&fx.url, |url| async move {
+        rmcp_client::conversation(&url, rmcp_client::legacy()).await;
+        rmcp_client::conversation(&url, rmcp_client::stateless()).await;
+    })
+    .await;
+    let echo = by_action(&events, "echo");
+    let add = by_action(&events, "add");
+    assert_eq!(echo.len(), 2, "one echo per era: {events:?}");
+    assert_eq!(add.len(), 2, "one add per era: {events:?}");
+    for e in echo.iter().chain(add.iter()) {
+        assert_eq!(e["status"], 200, "{e}");
+        assert_eq!(e["class"], "action");
+        assert_eq!(e["dest"]["host"], host.as_str());
+    }
+    // The legacy-era calls carry the session, hashed; the stateless ones have none.
+    let with_session: Vec<&&Value> = echo
+        .iter()
+        .filter(|e| e["session"]["id"].is_string())
+        .collect();
+    assert_eq!(with_session.len(), 1, "{echo:?}");
+    let sid = with_session[0]["session"]["id"].as_str().expect("id");
+    assert_eq!(sid.len(), 16);
+    assert!(sid.chars().all(|c| c.is_ascii_hexdigit()));
+    let missing = by_action(&events, "no_such_tool");
+    assert_eq!(missing.len(), 2);
+    assert!(missing.iter().all(|e| e["class"] == "error"));
+    assert!(
+        by_action(&events, "tools/list").is_empty() && events.len() == 6,
+        "only tools/call become events: {events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_id_is_hashed_and_never_written() {
+    let fx = Fixture::start("raw");
+    let (events, text, _) = observed(&fx.url, |url| async move {
+        let c = client();
+        let h: Vec<(&str, &str)> = JSON_POST
+            .iter()
+            .copied()
+            .chain([("mcp-session-id", "canary-session-5d1e")])
+            .collect();
+        let a = send(&c, Method::POST, &url, &h, call(1, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK);
+    })
+    .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    let sid = events[0]["session"]["id"].as_str().expect("session id");
+    assert_eq!(sid.len(), 16);
+    assert!(!text.contains("canary-session"), "raw session id leaked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_reports_a_502_transport_event() {
+    let upstream = format!("http://127.0.0.1:{}/mcp", free_port());
+    let (events, _, _) = observed(&upstream, |url| async move {
+        let c = client();
+        let a = send(&c, Method::POST, &url, JSON_POST, call(1, "echo")).await;
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    })
+    .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["status"], 502);
+    assert_eq!(events[0]["class"], "error");
+    assert_eq!(events[0]["err"]["kind"], "transport");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_2xx_status_and_client_disconnect_are_the_calls_outcome() {
+    let fx = Fixture::start("raw");
+    let (events, _, _) = observed(&fx.url, |url| async move {
+        let c = client();
+        let a = send(&c, Method::POST, &url, JSON_POST, call(1, "fail")).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        // Read the first event of a stream that never ends, then walk away.
+        let mut req = Request::post(url.as_str());
+        for (k, v) in JSON_POST {
+            req = req.header(*k, *v);
+        }
+        let resp = c
+            .request(
+                req.body(Full::new(Bytes::from(call(2, "hang"))))
+                    .expect("request"),
+            )
+            .await
+            .expect("head");
+        let mut body = resp.into_body();
+        let _ = tokio::time::timeout(IO_TIMEOUT, body.frame()).await;
+        drop(body);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    })
+    .await;
+    let fail = by_action(&events, "fail");
+    assert_eq!(fail.len(), 1, "{events:?}");
+    assert_eq!(fail[0]["status"], 503);
+    let hang = by_action(&events, "hang");
+    assert_eq!(hang.len(), 1, "{events:?}");
+    assert_eq!(
+        hang[0]["status"], 499,
+        "closing the stream cancels: {}",
+        hang[0]
+    );
+    assert_eq!(hang[0]["err"]["kind"], "cancelled");
+}
+
+/// An `https://` upstream is spoken to over TLS: pointed at a plain-HTTP server, the handshake
+/// fails and the client gets a 502 (a proxy that ignored the scheme would get the server's 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_upstream_is_reached_over_tls() {
+    let fx = Fixture::start("raw");
+    let tls_url = fx.url.replacen("http://", "https://", 1);
+    let proxy = Proxy::start(&tls_url, &[], &[]);
+    let c = client();
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        JSON_POST,
+        call(1, "echo"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    let direct = send(&c, Method::POST, &fx.url, JSON_POST, call(1, "echo")).await;
+    assert_eq!(
+        direct.status,
+        StatusCode::OK,
+        "the fixture itself answers over plain HTTP"
+    );
+}
+
+/// A compressed MCP response is relayed as is and its call is not reported (reporting it would
+/// invent a timeout); the operator is told once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_mcp_response_is_relayed_and_its_call_not_reported() {
+    let fx = Fixture::start("raw");
+    let (events, _, stderr) = observed(&fx.url, |url| async move {
+        let c = client();
+        let h: Vec<(&str, &str)> = JSON_POST
+            .iter()
+            .copied()
+            .chain([("accept-encoding", "gzip")])
+            .collect();
+        let a = send(&c, Method::POST, &url, &h, call(1, "gzip")).await;
+        assert_eq!(a.headers["content-encoding"], "gzip");
+        assert_eq!(&a.body[..2], &[0x1f, 0x8b]);
+        let a = send(&c, Method::POST, &url, JSON_POST, call(2, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK);
+    })
+    .await;
+    assert_eq!(by_action(&events, "echo").len(), 1, "{events:?}");
+    assert!(by_action(&events, "gzip").is_empty(), "{events:?}");
+    assert_eq!(
+        stderr.matches("compresses MCP responses").count(),
+        1,
+        "{stderr}"
+    );
+}
