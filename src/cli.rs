@@ -87,7 +87,9 @@ tools/call as a metadata-only event to an ingest. The wrapped server behaves exa
 stdout carries only the server's bytes, and a dead ingest is never felt.\n\n\
 Kill switch: BOUNDED_OBSERVE_MCP_DISABLED=1 runs the server as a pure passthrough (exec on Unix).",
     after_help = "Exit codes: the wrapped server's own code; 128+N when it was killed by signal N; \
-2 for a usage error; 126 when the command cannot be executed; 127 when it is not found."
+2 for a usage error; 126 when the command cannot be executed; 127 when it is not found.\n\n\
+Try it: `bounded-observe-mcp demo` runs the whole pipeline (sample server, wrapper, reference \
+ingest) on this machine and prints the evidence that landed."
 )]
 pub struct Cli {
     #[command(flatten)]

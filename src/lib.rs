@@ -19,6 +19,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod event;
 pub mod ingest;
 pub mod log;
@@ -45,6 +46,13 @@ where
     T: Into<OsString>,
 {
     let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+    // `demo` and the demo's bundled server are words, not flags: the wrapper's own flags never
+    // take a bare first argument (the server command always follows `--`), so they cannot clash.
+    match argv.get(1).and_then(|a| a.to_str()) {
+        Some("demo") if argv.len() == 2 => return demo::run(&env),
+        Some(demo::DEMO_SERVER_ARG) => return demo::server::run(),
+        _ => {}
+    }
     let cli = match cli::parse_argv(argv) {
         Ok(cli) => cli,
         Err(e) => {
