@@ -13,14 +13,34 @@ fn demo_lands_events_captures_amount_and_leaks_no_pii() {
         .expect("demo runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     assert!(stdout.contains("Evidence (4 events"), "{stdout}");
     assert!(stdout.contains("amount_cents=4900"), "{stdout}");
-    assert!(stdout.contains(r#""amount_cents":6150"#), "rollup sums both refunds: {stdout}");
-    assert!(stdout.contains("void_payment") && stdout.contains("error  500"), "{stdout}");
-    assert!(stdout.contains("customer_email   never left the process"), "{stdout}");
-    assert!(stdout.contains("card_number      never left the process"), "{stdout}");
-    for pii in ["jane.doe@example.com", "4242 4242 4242 4242", "+44 20 7946 0958"] {
+    assert!(
+        stdout.contains(r#""amount_cents":6150"#),
+        "rollup sums both refunds: {stdout}"
+    );
+    assert!(
+        stdout.contains("void_payment") && stdout.contains("error  500"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("customer_email   never left the process"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("card_number      never left the process"),
+        "{stdout}"
+    );
+    for pii in [
+        "jane.doe@example.com",
+        "4242 4242 4242 4242",
+        "+44 20 7946 0958",
+    ] {
         assert!(!stdout.contains(pii), "{pii} printed by the demo");
         assert!(!stderr.contains(pii), "{pii} on stderr");
     }

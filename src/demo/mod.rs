@@ -324,7 +324,6 @@ fn agent_session(exe: &Path, ingest: &str, token: &str) -> anyhow::Result<Sessio
             text
         ));
     }
-    drop(rpc);
     drop(stdin);
     let status = child.wait()?;
     Ok(SessionReport {
