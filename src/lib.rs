@@ -124,6 +124,12 @@ fn run_stdio(cfg: &config::Config) -> i32 {
     let config::Mode::Stdio { program, args } = &cfg.mode else {
         return EXIT_USAGE;
     };
+    // With nowhere to send events and no --debug totals to print, observing would only cost
+    // CPU and memory on the server's path: relay unobserved, exactly as the kill switch would,
+    // but keeping the lifecycle (signals, grace periods, exit codes) of the wrapper.
+    if cfg.ingest == config::IngestTarget::Off && !cfg.debug {
+        return proxy::stdio::StdioProxy::new(program.clone(), args.clone()).run(None, None);
+    }
     // One worker: parsing, correlation and reporting are light, and the relay does not run here.
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
