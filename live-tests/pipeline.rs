@@ -28,11 +28,17 @@ const CANARY_CUSTOMER: &str = "cus_live_canary_5e1d";
 const CANARY_REASON: &str = "refund for live-canary-5e1d@example.com";
 
 fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
+    let path = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
         .parent()
         .expect("target dir")
         .join("examples")
-        .join(name)
+        .join(name);
+    assert!(
+        path.exists(),
+        "fixture {} is missing: build it with `cargo build --examples` (scripts/test.sh does)",
+        path.display()
+    );
+    path
 }
 
 // ---- the ingest under test ----

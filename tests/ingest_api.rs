@@ -1159,3 +1159,59 @@ fn usage_errors_exit_2() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn accepted_events_survive_a_sigkill_of_the_ingest() {
+    install_tls_provider();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("crash.db");
+    let mut served = serve(&db);
+    let secret = std::fs::read_to_string(ingest::keys::admin_secret_path(&db)).expect("secret");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (token, answers) = rt.block_on(async {
+        let admin = AdminClient::new(&served.base, secret.trim()).expect("client");
+        let key = admin.mint("acme", None).await.expect("mint");
+        let http = reqwest::Client::new();
+        let mut answers = Vec::new();
+        for b in 0..5u64 {
+            let events = (0..100).map(|i| refund(b * 1000 + i + 1, 1)).collect();
+            let resp = http
+                .post(format!("{}/v1/events", served.base))
+                .bearer_auth(&key.token)
+                .body(serde_json::to_vec(&batch(events)).expect("json"))
+                .send()
+                .await
+                .expect("post");
+            assert_eq!(resp.status().as_u16(), 200);
+            answers.push(resp.json::<Value>().await.expect("json"));
+        }
+        (key.token, answers)
+    });
+    let accepted: u64 = answers.iter().filter_map(|a| a["accepted"].as_u64()).sum();
+    assert_eq!(accepted, 500);
+    // No graceful shutdown: the process dies with whatever it had not written.
+    served.child.kill().expect("SIGKILL");
+    let _ = served.child.wait();
+
+    let served = serve(&db);
+    let (events, status) = rt.block_on(async {
+        let admin = AdminClient::new(&served.base, secret.trim()).expect("client");
+        let events = admin
+            .events(&[("org", "acme"), ("limit", "1000")])
+            .await
+            .expect("events");
+        let status = reqwest::Client::new()
+            .post(format!("{}/v1/events", served.base))
+            .bearer_auth(&token)
+            .body(serde_json::to_vec(&batch(vec![refund(9_999_999, 1)])).expect("json"))
+            .send()
+            .await
+            .expect("post")
+            .status()
+            .as_u16();
+        (events, status)
+    });
+    assert_eq!(events.len(), 500, "every acknowledged event is on disk");
+    assert_eq!(status, 200, "the token minted before the crash still works");
+    assert!(served.stop().success());
+}

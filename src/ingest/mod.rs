@@ -10,9 +10,26 @@
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
 //!
-//! Files: the database at [`IngestConfig::db_path`] (default [`DEFAULT_DB_PATH`]), plus beside it
-//! `<db>.signing-key` (the token signing secret; losing it invalidates every token) and, when no
-//! admin secret is given, `<db>.admin-secret`. Both are created owner-only (0600).
+//! Files: the database at [`IngestConfig::db_path`] (default [`DEFAULT_DB_PATH`]; its directory
+//! is created if missing), plus beside it `<db>.signing-key` (the token signing secret; losing it
+//! invalidates every token) and, when no admin secret is given, `<db>.admin-secret`. Both are
+//! created owner-only (0600).
+//!
+//! Routes (JSON; errors are `{ "error": "…" }`):
+//!
+//! | route | auth | answer |
+//! |---|---|---|
+//! | `POST /v1/events` | sensor token | 200 `{accepted, rejected, duplicates}` after commit; 400 malformed JSON, invalid UTF-8 or batch shape; 401 bad/unknown/revoked token; 408 body too slow; 413 body over [`DEFAULT_MAX_BODY_BYTES`] or more than 500 events |
+//! | `POST /v1/admin/keys` `{org, name?}` | admin secret | 201 `{keyId, token, org, name?}` |
+//! | `DELETE /v1/admin/keys/{keyId}` | admin secret | 204 (also when already revoked), 404 unknown |
+//! | `GET /v1/rollups?org=` | admin secret | `{rollups: [{org, actor, action, class, count, sums}]}` |
+//! | `GET /v1/events?org&actor&action&class&limit` | admin secret | `{events: [...]}` newest received first; `limit` 1-1000, default 100 |
+//! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen}]}` |
+//! | `GET /healthz` | none | 200 |
+//!
+//! Both secrets travel as `Authorization: Bearer …`. A schema-invalid event is rejected alone
+//! and counted; `org` and `sensor` on stored events come from the key; an event id is stored once
+//! per org. The admin API is plain HTTP: listen on loopback, or put TLS in front.
 //!
 //! Embedding (e.g. a first-run demo):
 //!
