@@ -21,6 +21,7 @@
 //!   `child=P grandchild=Q\n`, then `cat` and exit 0 (the grandchild is left behind).
 //! * `hold-stdout` — start a `sleep` grandchild that inherits stdout, print
 //!   `child=P grandchild=Q\n`, exit 0 at once (stdout stays open in the grandchild).
+//! * `close-stdin` — close stdin, print `closed\n`, then sleep forever.
 //! * `sleep` — sleep forever, reading nothing.
 //! * `stderr TEXT` — write TEXT and a newline to stderr, then `cat`.
 //! * `flood` — write numbered lines to stdout until a write fails, then exit 141 (EPIPE).
@@ -194,6 +195,13 @@ fn main() {
             let gc = spawn_self(&["sleep"], true);
             say(&format!("child={} grandchild={gc}\n", std::process::id()));
             std::process::exit(0);
+        }
+        "close-stdin" => {
+            // SAFETY: fd 0 is the inherited stdin pipe, open at start; this program never uses
+            // fd 0 (or std's stdin) again, so taking ownership and closing it is sound.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(0) });
+            say("closed\n");
+            sleep_forever();
         }
         "sleep" => sleep_forever(),
         "stderr" => {

@@ -54,7 +54,14 @@ where
             return if e.use_stderr() { EXIT_USAGE } else { 0 };
         }
     };
-    let (cfg, warnings) = match config::Config::resolve(&cli.args, &env) {
+    run_observe_args(&cli.args, &env)
+}
+
+/// Runs the sensor from already-parsed flags: the entry point for a parent CLI that flattens
+/// [`cli::ObserveArgs`] into its own `observe mcp` subcommand. Same behaviour and exit codes as
+/// [`run_mcp_observe`].
+pub fn run_observe_args(args: &cli::ObserveArgs, env: &Env) -> i32 {
+    let (cfg, warnings) = match config::Config::resolve(args, env) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("{} error: {e}", log::PREFIX);

@@ -83,6 +83,21 @@ async fn ingest_503_once_then_200_delivers_the_batch_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_429_once_is_retried_and_delivered() {
+    let ingest = TestIngest::start().await;
+    ingest.fail_next(&[429]);
+    let (mut q, h) =
+        report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 10_000), quick());
+    let ids = emit_n(&mut q, 2);
+    let stats = h.shutdown().await;
+    let statuses: Vec<u16> = ingest.requests().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, vec![429, 200]);
+    assert_eq!(accepted_ids(&ingest), ids);
+    assert_eq!(stats.retries, 1);
+    assert_eq!(stats.dropped, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_always_503_drops_the_batch_after_one_retry_and_reports_it_later() {
     let ingest = TestIngest::start().await;
     ingest.always(Reply::Status(503));

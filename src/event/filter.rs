@@ -343,7 +343,7 @@ pub fn filter_event(event: &super::Event) -> Result<Value, FilterError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 

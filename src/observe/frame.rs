@@ -21,7 +21,8 @@ const KEEP_BUFFER_BYTES: usize = 1024 * 1024;
 /// One result of splitting.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Split<'a> {
-    /// A complete frame without its line ending. Never empty.
+    /// A complete frame without its line ending (empty for a blank line: still a frame for the
+    /// counters, never a message).
     Frame(&'a [u8]),
     /// A frame longer than the cap ended; only its length (without line ending) is known.
     Oversize(u64),
@@ -108,16 +109,10 @@ impl FrameSplitter {
             }
             if self.buf.is_empty() {
                 // Common case: the whole frame is inside this chunk; no copy.
-                let f = trim_cr(seg);
-                if !f.is_empty() {
-                    out(Split::Frame(f));
-                }
+                out(Split::Frame(trim_cr(seg)));
             } else {
                 self.buf.extend_from_slice(seg);
-                let f = trim_cr(&self.buf);
-                if !f.is_empty() {
-                    out(Split::Frame(f));
-                }
+                out(Split::Frame(trim_cr(&self.buf)));
                 self.release();
             }
         }
@@ -251,7 +246,7 @@ mod tests {
         let got = run(&mut s, b"{\"a\":1}\r\n{\"b\"", false);
         assert_eq!(got, vec![Ok(b"{\"a\":1}".to_vec())]);
         let got = run(&mut s, b":2}\n\n", false);
-        assert_eq!(got, vec![Ok(b"{\"b\":2}".to_vec())]);
+        assert_eq!(got, vec![Ok(b"{\"b\":2}".to_vec()), Ok(vec![])]);
     }
 
     #[test]

@@ -29,6 +29,13 @@
 //!   so neither they nor the client's answers to them are ever taken for a tool result.
 //! * Bad input (non-JSON frames, wrong field types, frames over the cap, duplicate ids, responses
 //!   to unknown ids) is counted in [`ObserverStats`] with at most one warning per kind.
+//! * Order: each relay thread hands its bytes to the tap after forwarding them, so the two
+//!   directions can reach the observer slightly out of order. [`run_tap_observer`] merges them by
+//!   relay timestamp within [`REORDER_HOLD`]; a response that still arrives before its request is
+//!   held for [`EARLY_RESPONSE_GRACE`] before it counts as an orphan.
+//! * Memory: one frame per direction up to the cap (64 MiB), a copy of it while it waits in the
+//!   reorder window, at most [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a
+//!   small record; requests other than `tools/call` are forgotten after the call timeout.
 
 pub mod catalog;
 pub mod correlate;
@@ -129,6 +136,15 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// against a peer that never answers). Tool calls are always tracked.
 pub const MAX_PENDING: usize = 100_000;
 
+/// How long a response whose request has not been observed yet is kept. The relay hands each
+/// direction to the tap *after* forwarding it, so on a loaded machine a response can reach the
+/// observer just before its request (the client→server thread was preempted between its write
+/// and its hand-off). Timestamps are taken at read time and stay right; only arrival order flips.
+pub const EARLY_RESPONSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Most bytes held for such early responses; beyond it they are counted as orphans at once.
+pub const EARLY_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Longest tool name accepted (the MCP spec recommends at most 128 characters).
 pub const MAX_TOOL_NAME: usize = 128;
 
@@ -164,9 +180,14 @@ fn opposite(d: Direction) -> Direction {
     }
 }
 
-/// A short single-line string, or nothing.
+/// A short single-line string with nothing the value scrubber would remove, or nothing: what
+/// the builder puts in names, session facts and `onBehalfOf`, so its events pass the L3 filter
+/// unchanged.
 fn clean(s: &str, max: usize) -> Option<String> {
-    let ok = !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control);
+    let ok = !s.is_empty()
+        && s.len() <= max
+        && !s.chars().any(char::is_control)
+        && !crate::event::privacy::contains_sensitive(s);
     ok.then(|| s.to_string())
 }
 
@@ -186,14 +207,22 @@ pub struct Observer<S: EventSink> {
     actions: HashMap<u64, Action>,
     next_action: u64,
     scopes: HashMap<StreamId, ScopeInfo>,
+    /// Responses seen before their request (see [`EARLY_RESPONSE_GRACE`]): message copy, seen.
+    early: HashMap<Key, (Vec<u8>, Instant)>,
+    early_bytes: usize,
     /// Stdio: one random session id per wrapper process.
     stdio_session: String,
     warned: Warned,
 }
 
 impl<S: EventSink> Observer<S> {
-    pub fn new(cfg: ObserverConfig, sink: S) -> Self {
+    pub fn new(mut cfg: ObserverConfig, sink: S) -> Self {
         let policy = CapturePolicy::new(&cfg.capture);
+        // A `--name` the envelope cannot carry falls back to `serverInfo.name`.
+        cfg.server_name = cfg
+            .server_name
+            .as_deref()
+            .and_then(|n| clean(n, MAX_INFO_LEN));
         Observer {
             cfg,
             sink,
@@ -205,6 +234,8 @@ impl<S: EventSink> Observer<S> {
             actions: HashMap::new(),
             next_action: 0,
             scopes: HashMap::new(),
+            early: HashMap::new(),
+            early_bytes: 0,
             stdio_session: new_event_id(),
             warned: Warned::default(),
         }
@@ -226,6 +257,10 @@ impl<S: EventSink> Observer<S> {
         self.stats.frames[dir.index()] += 1;
         self.stats.bytes[dir.index()] += frame.len() as u64;
         let first = frame.iter().find(|b| !b.is_ascii_whitespace());
+        if first.is_none() {
+            // A blank line: counted as a frame, carries no message.
+            return;
+        }
         if first == Some(&b'[') {
             match split_batch(frame) {
                 Some(elements) => {
@@ -335,11 +370,45 @@ impl<S: EventSink> Observer<S> {
             matches!(p.kind, PendingKind::ToolCall(_))
                 || now.saturating_duration_since(p.seen) <= timeout
         });
+        self.expire_early(Some(now));
+    }
+
+    /// Early responses whose request never came are orphans (all of them when `now` is None).
+    fn expire_early(&mut self, now: Option<Instant>) {
+        let stale: Vec<Key> = self
+            .early
+            .iter()
+            .filter(|(_, (_, seen))| {
+                now.is_none_or(|n| n.saturating_duration_since(*seen) > EARLY_RESPONSE_GRACE)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            if let Some((msg, _)) = self.early.remove(&k) {
+                self.early_bytes -= msg.len();
+                self.count_orphan(k.dir);
+            }
+        }
+    }
+
+    fn count_orphan(&mut self, request_dir: Direction) {
+        self.stats.orphan_responses += 1;
+        if !self.warned.orphan {
+            self.warned.orphan = true;
+            tracing::warn!(
+                direction = opposite(request_dir).label(),
+                "A response matches no pending request (unknown or repeated id)"
+            );
+        }
     }
 
     /// Ends every call still in flight (or waiting for a retry) with `cause`, returns the
     /// counters and the sink.
+    ///
+    /// An action waiting for a 2026-07-28 retry is not on the wire: the server did answer and
+    /// the client never came back, so it ends as 504 `timeout` whatever the cause.
     pub fn finish(mut self, now: Instant, cause: EndCause) -> (ObserverStats, S) {
+        self.expire_early(None);
         let mut open: Vec<(Instant, u64)> = self
             .actions
             .iter()
@@ -347,7 +416,16 @@ impl<S: EventSink> Observer<S> {
             .collect();
         open.sort();
         for (_, aid) in open {
-            self.finish_action(aid, cause.outcome(), now);
+            let waiting = self
+                .actions
+                .get(&aid)
+                .is_some_and(|a| matches!(a.state, ActionState::AwaitingInput { .. }));
+            let outcome = if waiting {
+                Outcome::Timeout
+            } else {
+                cause.outcome()
+            };
+            self.finish_action(aid, outcome, now);
         }
         (self.stats, self.sink)
     }
@@ -463,7 +541,30 @@ impl<S: EventSink> Observer<S> {
             _ => PendingKind::Other,
         };
         if matches!(kind, PendingKind::ToolCall(_)) || self.pending.len() < MAX_PENDING {
-            self.pending.insert(key, Pending { kind, seen });
+            let early = self.early.remove(&key);
+            if let Some((msg, _)) = &early {
+                self.early_bytes -= msg.len();
+            }
+            // Only a response read after this request was sent can answer it; an older one is a
+            // stale answer to an earlier use of the id.
+            let early = match early {
+                Some((msg, at)) if at >= seen => Some((msg, at)),
+                Some(_) => {
+                    self.count_orphan(dir);
+                    None
+                }
+                None => None,
+            };
+            if let Some((msg, at)) = early {
+                self.pending.insert(key.clone(), Pending { kind, seen });
+                if let Ok(p) = peek(&msg) {
+                    if let Lenient::Ok(id) = p.id.clone() {
+                        self.on_response(scope, opposite(dir), at, id, &p, &msg);
+                    }
+                }
+            } else {
+                self.pending.insert(key, Pending { kind, seen });
+            }
         }
     }
 
@@ -535,7 +636,12 @@ impl<S: EventSink> Observer<S> {
         let on_behalf_of = meta
             .and_then(|m| lenient_str(&m.on_behalf_of))
             .and_then(|s| clean(s, MAX_INFO_LEN))
-            .or_else(|| self.cfg.on_behalf_of.clone());
+            .or_else(|| {
+                self.cfg
+                    .on_behalf_of
+                    .as_deref()
+                    .and_then(|s| clean(s, MAX_INFO_LEN))
+            });
         let aid = self.next_action;
         self.next_action += 1;
         let action = Action {
@@ -637,6 +743,7 @@ impl<S: EventSink> Observer<S> {
             }
             "notifications/tools/list_changed" if dir == Direction::ServerToClient => {
                 self.catalog.invalidate();
+                self.catalog_changed(seen);
             }
             _ => {}
         }
@@ -657,13 +764,12 @@ impl<S: EventSink> Observer<S> {
             id,
         };
         let Some(pending) = self.pending.remove(&key) else {
-            self.stats.orphan_responses += 1;
-            if !self.warned.orphan {
-                self.warned.orphan = true;
-                tracing::warn!(
-                    direction = dir.label(),
-                    "A response matches no pending request (unknown or repeated id)"
-                );
+            let fits = self.early_bytes + msg.len() <= EARLY_RESPONSE_BYTES;
+            if fits && !self.early.contains_key(&key) {
+                self.early_bytes += msg.len();
+                self.early.insert(key, (msg.to_vec(), seen));
+            } else {
+                self.count_orphan(key.dir);
             }
             return;
         };
@@ -671,12 +777,20 @@ impl<S: EventSink> Observer<S> {
             PendingKind::ToolCall(aid) => self.on_tool_response(aid, seen, p, msg.len() as u64),
             PendingKind::ToolsList { first_page } => {
                 if matches!(p.result, Lenient::Ok(_)) {
+                    let before = self.catalog.version().map(str::to_string);
                     self.catalog.on_list_response(msg, first_page);
+                    if self.catalog.version().map(str::to_string) != before {
+                        self.catalog_changed(seen);
+                    }
                 }
             }
             PendingKind::Initialize | PendingKind::Discover => {
                 let Some(r) = p.result.ok() else { return };
-                if let Some(n) = r.server_info.ok().and_then(|i| lenient_str(&i.name)) {
+                let info = r
+                    .server_info
+                    .ok()
+                    .or_else(|| r.meta.ok().and_then(|m| m.server_info.ok()));
+                if let Some(n) = info.and_then(|i| lenient_str(&i.name)) {
                     if let Some(n) = clean(n, MAX_INFO_LEN) {
                         self.server_name = Some(n);
                     }
@@ -689,6 +803,20 @@ impl<S: EventSink> Observer<S> {
                 }
             }
             PendingKind::Other => {}
+        }
+    }
+
+    /// The catalog changed on the wire at `seen`: calls that started after that instant but were
+    /// observed first (cross-direction arrival order, see [`EARLY_RESPONSE_GRACE`]) were made
+    /// against the new catalog.
+    fn catalog_changed(&mut self, seen: Instant) {
+        let v = self.catalog.version().map(str::to_string);
+        for a in self
+            .actions
+            .values_mut()
+            .filter(|a| a.started >= seen && a.rounds == 1)
+        {
+            a.registry_version = v.clone();
         }
     }
 
@@ -783,13 +911,6 @@ impl<S: EventSink> Observer<S> {
         self.stats.events += 1;
         self.sink.emit(event);
     }
-
-    fn on_split(&mut self, stream: StreamId, dir: Direction, seen: Instant, s: Split<'_>) {
-        match s {
-            Split::Frame(f) => self.on_frame(stream, dir, seen, f),
-            Split::Oversize(n) => self.on_oversize_frame(dir, n),
-        }
-    }
 }
 
 /// The wall-clock time of a monotonic instant in the recent past.
@@ -800,20 +921,97 @@ fn wall_clock(seen: Instant) -> SystemTime {
         .unwrap_or_else(SystemTime::now)
 }
 
+/// How long a frame waits for the other direction before it is observed. Each relay thread
+/// hands its bytes to the tap *after* forwarding them, so a request can reach the channel after
+/// the response it caused (or a 2026-07-28 retry before the `input_required` it answers) when a
+/// thread is preempted between its write and its hand-off. Frames are observed in the order of
+/// their relay timestamps: a frame is released once the other direction has shown a later one,
+/// or after this hold. It delays observation, never the relay.
+pub const REORDER_HOLD: Duration = Duration::from_millis(25);
+
+/// A frame waiting in the reorder window.
+struct Held {
+    seen: Instant,
+    frame: HeldFrame,
+}
+
+enum HeldFrame {
+    Bytes(bytes::Bytes),
+    Oversize(u64),
+}
+
+/// Two per-direction queues merged by relay timestamp (see [`REORDER_HOLD`]).
+#[derive(Default)]
+struct Reorder {
+    queues: [std::collections::VecDeque<Held>; 2],
+    closed: [bool; 2],
+}
+
+impl Reorder {
+    fn push(&mut self, dir: Direction, seen: Instant, s: Split<'_>) {
+        let frame = match s {
+            Split::Frame(f) => HeldFrame::Bytes(bytes::Bytes::copy_from_slice(f)),
+            Split::Oversize(n) => HeldFrame::Oversize(n),
+        };
+        self.queues[dir.index()].push_back(Held { seen, frame });
+    }
+
+    /// Observes every frame that can no longer be overtaken; `drain` observes all.
+    fn release<S: EventSink>(&mut self, obs: &mut Observer<S>, now: Instant, drain: bool) {
+        const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+        loop {
+            let heads = [
+                self.queues[0].front().map(|h| h.seen),
+                self.queues[1].front().map(|h| h.seen),
+            ];
+            let pick = match heads {
+                [Some(a), Some(b)] => Some(if a <= b { 0 } else { 1 }),
+                [Some(a), None] => {
+                    (drain || self.closed[1] || now.saturating_duration_since(a) >= REORDER_HOLD)
+                        .then_some(0)
+                }
+                [None, Some(b)] => {
+                    (drain || self.closed[0] || now.saturating_duration_since(b) >= REORDER_HOLD)
+                        .then_some(1)
+                }
+                [None, None] => None,
+            };
+            let Some(i) = pick else { return };
+            let Some(h) = self.queues[i].pop_front() else {
+                return;
+            };
+            match h.frame {
+                HeldFrame::Bytes(b) => obs.on_frame(StreamId(0), DIRS[i], h.seen, &b),
+                HeldFrame::Oversize(n) => obs.on_oversize_frame(DIRS[i], n),
+            }
+        }
+    }
+
+    /// When the oldest held frame must be released at the latest.
+    fn deadline(&self) -> Option<Instant> {
+        self.queues
+            .iter()
+            .filter_map(|q| q.front().map(|h| h.seen + REORDER_HOLD))
+            .min()
+    }
+}
+
 /// Drives an observer from the stdio tap until both directions close, then returns it
 /// (the caller decides the [`EndCause`] for calls still in flight). Splits each direction into
-/// frames, stamps each frame with the relay time of the chunk that completed it, and checks
-/// call timeouts every [`TICK`].
+/// frames, stamps each frame with the relay time of the chunk that completed it, observes the
+/// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
+/// timeouts every [`TICK`].
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
 ) -> Observer<S> {
-    let stream = StreamId(0);
     let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
     let mut last_seen: [Option<Instant>; 2] = [None, None];
+    let mut reorder = Reorder::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        let hold = reorder.deadline();
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(TapMsg::Chunk(c)) => {
@@ -822,23 +1020,30 @@ pub async fn run_tap_observer<S: EventSink>(
                         observer.on_gap();
                     }
                     last_seen[i] = Some(c.seen);
-                    splitters[i].push(&c.bytes, c.after_gap, |s| {
-                        observer.on_split(stream, c.dir, c.seen, s)
-                    });
+                    splitters[i].push(&c.bytes, c.after_gap, |s| reorder.push(c.dir, c.seen, s));
                 }
                 Some(TapMsg::Closed { dir, seen }) => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
-                    splitters[dir.index()].flush(|s| observer.on_split(stream, dir, at, s));
+                    splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
+                    reorder.closed[dir.index()] = true;
                 }
                 None => break,
             },
+            _ = async {
+                match hold {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
             _ = tick.tick() => observer.on_tick(Instant::now()),
         }
+        reorder.release(&mut observer, Instant::now(), false);
     }
     for dir in [Direction::ClientToServer, Direction::ServerToClient] {
         let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
-        splitters[dir.index()].flush(|s| observer.on_split(stream, dir, at, s));
+        splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
     }
+    reorder.release(&mut observer, Instant::now(), true);
     observer
 }
 

@@ -426,6 +426,15 @@ pub struct Params<'a> {
 }
 lenient_struct!(Params);
 
+/// `result._meta` entries the observer reads.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+pub struct ResultMeta<'a> {
+    /// 2026-07-28 SDKs (e.g. rmcp) put the server identity of `server/discover` here.
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/serverInfo")]
+    pub server_info: Lenient<Info<'a>>,
+}
+lenient_struct!(ResultMeta);
+
 /// `result`, the fields the observer reads.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 pub struct ResultPeek<'a> {
@@ -441,6 +450,8 @@ pub struct ResultPeek<'a> {
     /// `initialize`: the negotiated version.
     #[serde(borrow, default, rename = "protocolVersion")]
     pub protocol_version: Lenient<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "_meta")]
+    pub meta: Lenient<ResultMeta<'a>>,
     /// `tools/list`: a further page exists.
     #[serde(borrow, default, rename = "nextCursor")]
     pub next_cursor: Lenient<Cow<'a, str>>,

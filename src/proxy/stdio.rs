@@ -27,6 +27,9 @@
 //!   its last response gets to do so). The forwarder is a plain thread ([`signal_hook`]'s
 //!   self-pipe iterator) rather than `tokio::signal`, so forwarding works the same whether or
 //!   not a runtime exists (the unobserved fallback and the observed path share one code path).
+//!   Once the child is reaped there is nobody to forward to: the same signals then take their
+//!   default effect (terminate), so a client's SIGTERM during the final event flush still ends
+//!   the wrapper at once. A parent CLI embedding this keeps that disposition afterwards.
 //! * At the end, leftover members of the group (background grandchildren) get one SIGTERM,
 //!   then the child is reaped (never a zombie) and the caller gets its exit code: the child's
 //!   own, or 128+N if it was killed by signal N. The stdin reader may still be blocked in a read
@@ -137,7 +140,13 @@ impl StdioProxy {
 
         // Registered before the child exists, so a signal arriving during spawn is queued and
         // forwarded once the forwarder runs instead of killing the wrapper.
-        let signals = match Signals::new(FORWARDED_SIGNALS) {
+        // A signal our parent set to "ignore" (nohup, a background job) stays ignored, for us and
+        // for the server that inherits the disposition through exec, exactly as unwrapped.
+        let forwarded: Vec<libc::c_int> = FORWARDED_SIGNALS
+            .into_iter()
+            .filter(|&sig| !child::is_ignored(sig))
+            .collect();
+        let signals = match Signals::new(forwarded) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(
@@ -152,9 +161,6 @@ impl StdioProxy {
             Err(e) => {
                 let (code, msg) = child::spawn_error_code(&self.program, &e);
                 tracing::error!("{msg}");
-                if let Some(s) = &signals {
-                    s.handle().close();
-                }
                 return fail(code);
             }
         };
@@ -163,24 +169,30 @@ impl StdioProxy {
         let s2c = s2c.map(TapSlot::new);
         let (tx, rx) = mpsc::channel();
 
-        let signal_handle = signals.map(|mut signals| {
-            let handle = signals.handle();
+        if let Some(mut signals) = signals {
             let group = group.clone();
             let forwarder = thread::Builder::new()
                 .name("observe-mcp-signals".into())
                 .spawn(move || {
                     for sig in signals.forever() {
-                        if let Ok(sig) = Signal::try_from(sig) {
-                            tracing::debug!(signal = %sig, "Forwarding signal to the server's process group");
-                            group.signal(sig);
+                        let Ok(signal) = Signal::try_from(sig) else {
+                            continue;
+                        };
+                        if group.signal(signal) {
+                            tracing::debug!(signal = %signal, "Forwarded signal to the server's process group");
+                        } else if group.is_reaped() {
+                            // The session is over (the caller may still be flushing events):
+                            // the signal gets its default effect, as if we had no handler.
+                            let _ = signal_hook::low_level::emulate_default_handler(sig);
                         }
                     }
                 });
             if let Err(e) = forwarder {
-                tracing::warn!("Cannot start the signal forwarder ({e}); signals will not be forwarded");
+                tracing::warn!(
+                    "Cannot start the signal forwarder ({e}); signals will not be forwarded"
+                );
             }
-            handle
-        });
+        }
 
         let started = start_threads(
             our_in,
@@ -221,9 +233,6 @@ impl StdioProxy {
         } else {
             group.try_reap()
         };
-        if let Some(h) = signal_handle {
-            h.close();
-        }
         let exit_code = match status {
             Some(status) => child::exit_code(status),
             None => {

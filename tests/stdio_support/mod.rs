@@ -7,7 +7,6 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Upper bound for anything a test waits on. Generous: a loaded 2-core machine is slow, and
@@ -18,12 +17,20 @@ pub fn wrapper_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
 }
 
+/// A fixture program from `examples/`. Plain `cargo test` builds example binaries;
+/// `cargo test --all-targets` alone builds them only as test harnesses, hence the message.
 pub fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
+    let path = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
         .parent()
         .expect("target dir")
         .join("examples")
-        .join(name)
+        .join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo test` (which builds examples) or `cargo build --examples` first",
+        path.display()
+    );
+    path
 }
 
 pub fn fixture() -> PathBuf {
@@ -53,13 +60,31 @@ pub fn wrap_fixture(flags: &[&str], mode: &[&str]) -> Command {
     wrapper_cmd(flags, &server)
 }
 
-/// Reads a whole stream on its own thread (so a full pipe never deadlocks the test).
-pub fn collect<R: Read + Send + 'static>(mut r: R) -> JoinHandle<Vec<u8>> {
+/// A stream being read to EOF on its own thread (so a full pipe never deadlocks the test).
+pub struct Collected(std::sync::mpsc::Receiver<Vec<u8>>);
+
+impl Collected {
+    /// Everything read up to EOF. EOF comes only when every writer is gone, so a leaked
+    /// descendant holding the pipe would block forever: fail with that diagnosis instead.
+    pub fn get(self) -> Vec<u8> {
+        self.0
+            .recv_timeout(WAIT)
+            .expect("stream not closed within the deadline: a leaked process still holds it")
+    }
+
+    pub fn text(self) -> String {
+        String::from_utf8_lossy(&self.get()).into_owned()
+    }
+}
+
+pub fn collect<R: Read + Send + 'static>(mut r: R) -> Collected {
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut out = Vec::new();
         let _ = r.read_to_end(&mut out);
-        out
-    })
+        let _ = tx.send(out);
+    });
+    Collected(rx)
 }
 
 /// Waits for the process with a deadline; on timeout kills it and fails the test.
@@ -130,8 +155,8 @@ pub fn run_with(
     drop(held_stdin);
     Run {
         status,
-        stdout: out.join().expect("stdout reader"),
-        stderr: String::from_utf8_lossy(&err.join().expect("stderr reader")).into_owned(),
+        stdout: out.get(),
+        stderr: err.text(),
     }
 }
 
@@ -175,6 +200,23 @@ pub fn wait_not_running(pid: u32, limit: Duration) -> bool {
     }
 }
 
+/// Asserts every pid stops running within the deadline; kills the leftovers first so a
+/// failing test does not leak them (nor keep an inherited pipe open).
+pub fn assert_all_gone(pids: &[u32]) {
+    let leftover: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|&pid| !wait_not_running(pid, WAIT / 2))
+        .collect();
+    for &pid in &leftover {
+        kill_quietly(pid);
+    }
+    assert!(
+        leftover.is_empty(),
+        "still running: {leftover:?} (of {pids:?})"
+    );
+}
+
 /// Kills a leftover process so a failing test does not leak it.
 pub fn kill_quietly(pid: u32) {
     let _ = nix::sys::signal::kill(
@@ -183,11 +225,6 @@ pub fn kill_quietly(pid: u32) {
     );
 }
 
-pub fn drain_stderr(err: ChildStderr) -> JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let mut err = err;
-        let _ = err.read_to_string(&mut s);
-        s
-    })
+pub fn drain_stderr(err: ChildStderr) -> Collected {
+    collect(err)
 }

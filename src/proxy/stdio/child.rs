@@ -54,6 +54,21 @@ pub fn spawn_error_code(program: &OsString, err: &io::Error) -> (i32, String) {
     )
 }
 
+/// Whether `sig` is currently ignored (`SIG_IGN`) in this process, e.g. SIGHUP under `nohup`.
+pub fn is_ignored(sig: libc::c_int) -> bool {
+    let mut old = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+    // SAFETY: with a null `act`, sigaction(2) only reads the current disposition into `old`,
+    // which points to writable memory of the right type; nothing is changed. Covered by
+    // `ignored_sighup_stays_ignored_for_wrapper_and_server` in tests/stdio_lifecycle.rs.
+    let rc = unsafe { libc::sigaction(sig, std::ptr::null(), old.as_mut_ptr()) };
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: sigaction succeeded, so it initialised `old`; it was zeroed before in any case.
+    let old = unsafe { old.assume_init() };
+    old.sa_sigaction == libc::SIG_IGN
+}
+
 /// The wrapper's exit code for a child's exit status: its code, or 128+N if killed by signal N.
 pub fn exit_code(status: ExitStatus) -> i32 {
     match (status.code(), status.signal()) {
@@ -153,6 +168,14 @@ impl ChildGroup {
         }
         // ESRCH (group already empty) is fine: nothing left to signal.
         killpg(self.pgid, sig).is_ok()
+    }
+
+    /// Whether the child was reaped (after which no signal is ever sent to the group).
+    pub fn is_reaped(&self) -> bool {
+        match self.child.lock() {
+            Ok(g) => g.is_none(),
+            Err(poisoned) => poisoned.into_inner().is_none(),
+        }
     }
 
     /// Blocks until the child has exited, WITHOUT reaping it (WNOWAIT), so its pid stays
