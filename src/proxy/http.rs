@@ -22,6 +22,10 @@
 //!   compressed JSON or SSE body is relayed and counted, and its calls are not reported.
 //!   Trade-off: asking the upstream for identity would observe everything but change what the
 //!   client negotiated and cost bandwidth; transparency wins.
+//! * **Protocol**: the listener speaks HTTP/1.1 (no HTTP/2); the upstream is reached over
+//!   HTTP/1.1, `https://` through rustls with the Mozilla (webpki) root set, so an upstream
+//!   certificate from a private CA is not trusted (the client gets a 502). An upstream URL
+//!   carrying `user:password@` is refused at start.
 //! * **Kill switch** (`BOUNDED_OBSERVE_MCP_DISABLED=1`): the same proxy with no observation
 //!   task, no reporter and no socket to any ingest.
 //! * **Shutdown**: SIGINT or SIGTERM stops accepting, closes open connections (streams
