@@ -8,8 +8,10 @@
 //! the real binary cargo built next to this one (release under `cargo bench`).
 //!
 //! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
-//! non-zero only when the harness itself cannot run. `BENCH_QUICK=1` runs a smaller workload.
-//! Results: a table on stdout and `bench/out/http.json`.
+//! non-zero only when the harness itself cannot run. `cargo bench --bench http` measures
+//! (`BENCH_QUICK=1` for a smaller workload); without `--bench` (as under
+//! `cargo test --all-targets`) it is a seconds-long smoke run. Results: a table on stdout and,
+//! when measuring, `bench/out/http.json`.
 
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
@@ -35,6 +37,9 @@ const BLOB: usize = 5 * 1024 * 1024;
 const SSE_PAUSE: Duration = Duration::from_millis(20);
 
 struct Settings {
+    /// Rounds over all targets, in rotating order; each figure is the median over rounds, so
+    /// a burst of load from elsewhere on the machine lands on one round, not one target.
+    rounds: usize,
     warmup: usize,
     calls: usize,
     sse: usize,
@@ -170,6 +175,23 @@ impl Proxy {
         }
     }
 
+    /// CPU time (user + system) the proxy has used so far, from /proc.
+    fn cpu(&self) -> Duration {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the command name (which may hold spaces) start at state = field 3.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        // utime and stime are fields 14 and 15, i.e. 11 and 12 after the state.
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_millis(ticks * 1000 / hz)
+    }
+
     /// (current, peak) resident set in KiB, from /proc.
     fn rss_kib(&self) -> (u64, u64) {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
@@ -217,6 +239,8 @@ struct Figures {
     p99_us: f64,
     ttfe_p50_us: f64,
     mb_per_s: f64,
+    /// Proxy CPU time per 100 MiB relayed in the bandwidth phase.
+    cpu_ms_per_100mib: f64,
     rss_kib: u64,
     peak_rss_kib: u64,
 }
@@ -229,7 +253,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-async fn measure(c: &C, url: &str, blob_url: &str, s: &Settings) -> Figures {
+async fn measure(c: &C, url: &str, blob_url: &str, s: &Settings, proxy: Option<&Proxy>) -> Figures {
     for i in 0..s.warmup {
         let r = c
             .request(post(url, call_body(i, "echo")))
@@ -268,6 +292,7 @@ async fn measure(c: &C, url: &str, blob_url: &str, s: &Settings) -> Figures {
     }
     ttfe.sort_by(f64::total_cmp);
 
+    let cpu0 = proxy.map(Proxy::cpu);
     let t = Instant::now();
     let mut bytes = 0usize;
     for _ in 0..s.blobs {
@@ -288,21 +313,37 @@ async fn measure(c: &C, url: &str, blob_url: &str, s: &Settings) -> Figures {
             .len();
     }
     let secs = t.elapsed().as_secs_f64();
+    let cpu_ms = match (proxy, cpu0) {
+        (Some(p), Some(c0)) => (p.cpu() - c0).as_secs_f64() * 1000.0,
+        _ => 0.0,
+    };
 
     Figures {
         p50_us: pct(&lat, 0.5),
         p99_us: pct(&lat, 0.99),
         ttfe_p50_us: pct(&ttfe, 0.5),
         mb_per_s: bytes as f64 / (1024.0 * 1024.0) / secs,
+        cpu_ms_per_100mib: cpu_ms * 100.0 * 1024.0 * 1024.0 / bytes.max(1) as f64,
         ..Default::default()
     }
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; nothing else to parse.
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and gets a smoke run
+    // that proves the harness works without spending minutes on figures.
+    let benching = std::env::args().any(|a| a == "--bench");
     let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
-    let s = if quick {
+    let s = if !benching {
         Settings {
+            rounds: 1,
+            warmup: 5,
+            calls: 30,
+            sse: 3,
+            blobs: 1,
+        }
+    } else if quick {
+        Settings {
+            rounds: 1,
             warmup: 50,
             calls: 300,
             sse: 20,
@@ -310,6 +351,7 @@ fn main() {
         }
     } else {
         Settings {
+            rounds: 5,
             warmup: 300,
             calls: 2_000,
             sse: 100,
@@ -342,26 +384,54 @@ fn main() {
                 Some(&observed),
             ),
         ];
-        for (name, base, proxy) in targets {
-            let mut f = measure(&c, &format!("{base}/mcp"), &format!("{base}/blob"), &s).await;
+        let mut per_target: Vec<Vec<Figures>> = vec![Vec::new(); targets.len()];
+        for round in 0..s.rounds {
+            for k in 0..targets.len() {
+                let t = (k + round) % targets.len();
+                let (_, base, proxy) = &targets[t];
+                let f = measure(
+                    &c,
+                    &format!("{base}/mcp"),
+                    &format!("{base}/blob"),
+                    &s,
+                    *proxy,
+                )
+                .await;
+                per_target[t].push(f);
+            }
+        }
+        for ((name, _, proxy), runs) in targets.iter().zip(per_target) {
+            let med = |get: fn(&Figures) -> f64| {
+                let mut v: Vec<f64> = runs.iter().map(get).collect();
+                v.sort_by(f64::total_cmp);
+                pct(&v, 0.5)
+            };
+            let mut f = Figures {
+                p50_us: med(|f| f.p50_us),
+                p99_us: med(|f| f.p99_us),
+                ttfe_p50_us: med(|f| f.ttfe_p50_us),
+                mb_per_s: med(|f| f.mb_per_s),
+                cpu_ms_per_100mib: med(|f| f.cpu_ms_per_100mib),
+                ..Default::default()
+            };
             if let Some(p) = proxy {
                 (f.rss_kib, f.peak_rss_kib) = p.rss_kib();
             }
-            out.push((name, f));
+            out.push((*name, f));
         }
         out
     });
 
     let direct = results[0].1.clone();
     println!(
-        "\nHTTP proxy benchmark ({} calls, {} SSE, {} x 5 MB)\n",
-        s.calls, s.sse, s.blobs
+        "\nHTTP proxy benchmark: medians of {} rounds of {} calls, {} SSE, {} x 5 MB\n",
+        s.rounds, s.calls, s.sse, s.blobs
     );
-    println!("| target | p50 µs | p99 µs | added p50 µs | added p99 µs | SSE first event p50 µs (Δ) | 5 MB MB/s (× direct) | RSS / peak MiB |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| target | p50 µs | p99 µs | added p50 µs | added p99 µs | SSE first event p50 µs (Δ) | 5 MB MB/s (× direct) | proxy CPU ms / 100 MiB | RSS / peak MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (name, f) in &results {
         println!(
-            "| {name} | {:.0} | {:.0} | {:+.0} | {:+.0} | {:.0} ({:+.0}) | {:.0} ({:.2}×) | {} |",
+            "| {name} | {:.0} | {:.0} | {:+.0} | {:+.0} | {:.0} ({:+.0}) | {:.0} ({:.2}×) | {:.0} | {} |",
             f.p50_us,
             f.p99_us,
             f.p50_us - direct.p50_us,
@@ -370,6 +440,7 @@ fn main() {
             f.ttfe_p50_us - direct.ttfe_p50_us,
             f.mb_per_s,
             f.mb_per_s / direct.mb_per_s,
+            f.cpu_ms_per_100mib,
             if f.rss_kib > 0 {
                 format!(
                     "{:.1} / {:.1}",
@@ -382,6 +453,12 @@ fn main() {
         );
     }
     println!("\nTargets: added p50 ≤ 150 µs; 5 MB bandwidth ≥ 0.8× direct.");
+    if !benching {
+        println!(
+            "Smoke run (no --bench): figures are not meaningful; run `cargo bench --bench http`."
+        );
+        return;
+    }
     let _ = std::fs::create_dir_all(OUT_DIR);
     let json: serde_json::Value = results
         .iter()

@@ -1029,3 +1029,25 @@ async fn compressed_mcp_response_is_relayed_and_its_call_not_reported() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_flag_and_env_choose_the_listening_port() {
+    let fx = Fixture::start("raw");
+    let port = free_port();
+    let proxy = Proxy::start(&fx.url, &[], &["--port", &port.to_string()]);
+    assert_eq!(proxy.port, port);
+    let c = client();
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/"),
+        JSON_POST,
+        call(1, "echo"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    drop(proxy);
+    let port = free_port();
+    let proxy = Proxy::start(&fx.url, &[("BOUNDED_MCP_PORT", &port.to_string())], &[]);
+    assert_eq!(proxy.port, port);
+}

@@ -129,10 +129,15 @@ struct Tee {
     dir: Direction,
     /// A chunk of this body was dropped: the next one that gets through says so.
     gap: bool,
+    /// The body can hold JSON-RPC: its chunks are copied. Otherwise only its end is reported.
+    copy: bool,
 }
 
 impl Tee {
     fn chunk(&mut self, bytes: &Bytes) {
+        if !self.copy {
+            return;
+        }
         let sent = self.watch.offer(WatchMsg::Chunk {
             ex: self.ex,
             dir: self.dir,
@@ -285,6 +290,26 @@ impl Drop for ExchangeGuard<'_> {
     }
 }
 
+/// Whether a body can carry JSON-RPC the observer reads: JSON or SSE, not compressed. Anything
+/// else (a file download, a compressed body) is relayed without copies, so it costs the
+/// observer nothing. A request without a content type is given the benefit of the doubt.
+fn may_hold_json_rpc(headers: &HeaderMap, untyped_ok: bool) -> bool {
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        return false;
+    }
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return untyped_ok;
+    };
+    let ct = ct.as_bytes();
+    let essence = ct.split(|&b| b == b';').next().unwrap_or(ct).trim_ascii();
+    essence.eq_ignore_ascii_case(b"application/json")
+        || essence.eq_ignore_ascii_case(b"text/event-stream")
+        || essence.len() > 5 && essence[essence.len() - 5..].eq_ignore_ascii_case(b"+json")
+}
+
 fn req_kind(m: &Method) -> ReqKind {
     match *m {
         Method::POST => ReqKind::Post,
@@ -355,6 +380,7 @@ pub async fn forward(
         ex,
         dir: Direction::ClientToServer,
         gap: false,
+        copy: kind == ReqKind::Post && may_hold_json_rpc(&parts.headers, true),
     });
     let observed = tee.is_some();
     let mut req_body = TeeBody::new(body, tee);
@@ -386,11 +412,13 @@ pub async fn forward(
                 });
             }
             strip_hop_by_hop(&mut parts.headers);
+            let copy = may_hold_json_rpc(&parts.headers, false);
             let tee = fwd.watch.as_ref().map(|w| Tee {
                 watch: w.clone(),
                 ex,
                 dir: Direction::ServerToClient,
                 gap: false,
+                copy,
             });
             Ok(Response::from_parts(
                 parts,
@@ -433,6 +461,7 @@ async fn drain_for_observation(w: &WatchTx, ex: u64, rest: Option<Incoming>) {
             ex,
             dir: Direction::ClientToServer,
             gap: false,
+            copy: true,
         }),
     );
     let drained = tokio::time::timeout(FAILED_BODY_DRAIN, async {
@@ -497,6 +526,42 @@ mod tests {
             upstream_uri(&u, &root).expect("ok").to_string(),
             "https://example.com/mcp?tenant=a&x=1"
         );
+    }
+
+    #[test]
+    fn only_uncompressed_json_and_sse_bodies_are_copied() {
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_static(v));
+            }
+            m
+        };
+        assert!(may_hold_json_rpc(
+            &h(&[("content-type", "application/json; charset=utf-8")]),
+            false
+        ));
+        assert!(may_hold_json_rpc(
+            &h(&[("content-type", "Text/Event-Stream")]),
+            false
+        ));
+        assert!(may_hold_json_rpc(
+            &h(&[("content-type", "application/vnd.x+json")]),
+            false
+        ));
+        assert!(!may_hold_json_rpc(
+            &h(&[("content-type", "application/octet-stream")]),
+            true
+        ));
+        assert!(!may_hold_json_rpc(
+            &h(&[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip")
+            ]),
+            false
+        ));
+        assert!(may_hold_json_rpc(&h(&[]), true));
+        assert!(!may_hold_json_rpc(&h(&[]), false));
     }
 
     #[test]
