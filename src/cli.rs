@@ -89,11 +89,37 @@ Kill switch: BOUNDED_OBSERVE_MCP_DISABLED=1 runs the server as a pure passthroug
     after_help = "Exit codes: the wrapped server's own code; 128+N when it was killed by signal N; \
 2 for a usage error; 126 when the command cannot be executed; 127 when it is not found.\n\n\
 Try it: `bounded-observe-mcp demo` runs the whole pipeline (sample server, wrapper, reference \
-ingest) on this machine and prints the evidence that landed."
+ingest) on this machine and prints the evidence that landed. Shell completions: \
+`bounded-observe-mcp completions bash` (or zsh, fish, elvish, powershell)."
 )]
 pub struct Cli {
     #[command(flatten)]
     pub args: ObserveArgs,
+}
+
+/// `bounded-observe-mcp completions <bash|zsh|fish|elvish|powershell>`: prints a completion
+/// script on stdout. Returns the exit code (2 for an unknown shell, naming the choices).
+pub fn print_completions(shell: &std::ffi::OsStr) -> i32 {
+    use clap::{CommandFactory, ValueEnum};
+    let name = shell.to_string_lossy();
+    match clap_complete::Shell::from_str(&name, true) {
+        Ok(sh) => {
+            clap_complete::generate(
+                sh,
+                &mut Cli::command(),
+                "bounded-observe-mcp",
+                &mut std::io::stdout(),
+            );
+            0
+        }
+        Err(_) => {
+            eprintln!(
+                "{} error: unknown shell {name:?} for completions; use one of bash, zsh, fish, elvish, powershell",
+                crate::log::PREFIX
+            );
+            2
+        }
+    }
 }
 
 /// Drops a leading `observe mcp` (after the program name), so `bounded observe mcp …` argv works.

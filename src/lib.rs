@@ -51,6 +51,7 @@ where
     match argv.get(1).and_then(|a| a.to_str()) {
         Some("demo") if argv.len() == 2 => return demo::run(&env),
         Some(demo::DEMO_SERVER_ARG) => return demo::server::run(),
+        Some("completions") if argv.len() == 3 => return cli::print_completions(&argv[2]),
         _ => {}
     }
     let cli = match cli::parse_argv(argv) {

@@ -126,3 +126,46 @@ fn readme_config_table_covers_every_flag_and_env_in_help() {
         );
     }
 }
+
+#[test]
+fn completions_are_generated_for_known_shells_and_unknown_ones_exit_2() {
+    let out = run(&["completions", "bash"]);
+    assert_eq!(out.status.code(), Some(0));
+    let script = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        script.contains("--token") && script.contains("--upstream"),
+        "{script}"
+    );
+    let out = run(&["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bash, zsh, fish"));
+}
+
+#[test]
+fn bad_env_values_warn_naming_the_variable_and_the_server_still_runs() {
+    let out = Command::new(BIN)
+        .args(["--", "sh", "-c", "exit 5"])
+        .env("BOUNDED_SENSOR_TOKEN", "not-a-token")
+        .env("BOUNDED_FLUSH_MS", "soon")
+        .env_remove("BOUNDED_OBSERVE_MCP_DISABLED")
+        .stdin(Stdio::null())
+        .output()
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "the server ran and its code came back"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("BOUNDED_SENSOR_TOKEN"), "{err}");
+    assert!(
+        err.contains("obs1.<keyId>.<sig>"),
+        "the fix is suggested: {err}"
+    );
+    assert!(
+        !err.contains("not-a-token"),
+        "a token is never echoed: {err}"
+    );
+    assert!(err.contains("BOUNDED_FLUSH_MS"), "{err}");
+    assert!(out.stdout.is_empty());
+}
