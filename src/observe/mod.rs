@@ -42,7 +42,7 @@ pub mod correlate;
 pub mod frame;
 pub mod peek;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Map;
@@ -51,7 +51,7 @@ use crate::event::privacy::CapturePolicy;
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session,
 };
-use crate::tap::{Direction, TapMsg, TapReceiver};
+use crate::tap::{Direction, Drained, TapMsg, TapReceiver};
 
 use catalog::Catalog;
 use correlate::{state_digest, Action, ActionState, Key, Outcome, Pending, PendingKind};
@@ -948,18 +948,32 @@ struct Reorder {
 }
 
 impl Reorder {
-    fn push(&mut self, dir: Direction, seen: Instant, s: Split<'_>) {
+    /// Holds a frame. `chunk` is the tap chunk the splitter was fed: a frame that lies inside it
+    /// (the common case) is held as a slice of it, without a copy; only a frame the splitter
+    /// assembled from several chunks is copied out of the splitter's buffer.
+    fn push(&mut self, dir: Direction, seen: Instant, chunk: &bytes::Bytes, s: Split<'_>) {
         let frame = match s {
-            Split::Frame(f) => HeldFrame::Bytes(bytes::Bytes::copy_from_slice(f)),
+            Split::Frame(f) => HeldFrame::Bytes(slice_or_copy(chunk, f)),
             Split::Oversize(n) => HeldFrame::Oversize(n),
         };
         self.queues[dir.index()].push_back(Held { seen, frame });
     }
 
-    /// Observes every frame that can no longer be overtaken; `drain` observes all.
-    fn release<S: EventSink>(&mut self, obs: &mut Observer<S>, now: Instant, drain: bool) {
+    fn is_empty(&self) -> bool {
+        self.queues.iter().all(|q| q.is_empty())
+    }
+
+    /// Observes every frame that can no longer be overtaken (`drain`: all), at most `limit` of
+    /// them; true if it stopped at the limit with more releasable frames left.
+    fn release<S: EventSink>(
+        &mut self,
+        obs: &mut Observer<S>,
+        now: Instant,
+        drain: bool,
+        limit: usize,
+    ) -> bool {
         const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
-        loop {
+        for _ in 0..limit {
             let heads = [
                 self.queues[0].front().map(|h| h.seen),
                 self.queues[1].front().map(|h| h.seen),
@@ -976,15 +990,16 @@ impl Reorder {
                 }
                 [None, None] => None,
             };
-            let Some(i) = pick else { return };
+            let Some(i) = pick else { return false };
             let Some(h) = self.queues[i].pop_front() else {
-                return;
+                return false;
             };
             match h.frame {
                 HeldFrame::Bytes(b) => obs.on_frame(StreamId(0), DIRS[i], h.seen, &b),
                 HeldFrame::Oversize(n) => obs.on_oversize_frame(DIRS[i], n),
             }
         }
+        !self.is_empty()
     }
 
     /// When the oldest held frame must be released at the latest.
@@ -996,11 +1011,75 @@ impl Reorder {
     }
 }
 
+/// `f` as a zero-copy slice of `chunk` when it points into it, else a copy.
+fn slice_or_copy(chunk: &bytes::Bytes, f: &[u8]) -> bytes::Bytes {
+    let c = chunk.as_ptr() as usize;
+    let p = f.as_ptr() as usize;
+    if !f.is_empty() && p >= c && p + f.len() <= c + chunk.len() {
+        chunk.slice(p - c..p - c + f.len())
+    } else {
+        bytes::Bytes::copy_from_slice(f)
+    }
+}
+
+/// After working off what the tap held, the observer waits this long before looking again
+/// instead of asking to be woken: a sender then queues with a lock and a push and no wake-up
+/// syscall, and the observer runs once per linger with a batch instead of once per chunk. Only
+/// when a look finds nothing does it sleep until the next offer. Delays observation by at most
+/// this much (timestamps are the relay's, so `dur_ms` is unaffected), never the relay; the tap's
+/// byte budget covers what arrives meanwhile.
+pub const TAP_LINGER: Duration = Duration::from_millis(2);
+
+/// Most frames observed between two yields to the runtime. The reporter runs on the same
+/// worker and takes up to tokio's cooperative budget (128) of events per turn: observing at most
+/// this many frames (at most one event each, bar batches) per turn keeps its queue from
+/// overflowing while a backlog is worked off.
+pub const FRAMES_PER_TURN: usize = 64;
+
+/// How long the observer waits, per stall, for room in the reporter's queue before observing
+/// anyway (and letting the queue count the drops). A healthy ingest answers well within it, so
+/// a backlog is paced to the reporter instead of overflowing its queue; a black-hole ingest
+/// cannot stall observation (and the tap) for longer than this.
+pub const SINK_STALL_LIMIT: Duration = Duration::from_millis(250);
+
+/// How often the observer re-checks the reporter's queue while it waits for room.
+const SINK_POLL: Duration = Duration::from_millis(1);
+
+/// Waits (bounded, see [`SINK_STALL_LIMIT`]) until the sink can take a turn's worth of events.
+async fn pace_to_sink<S: EventSink>(obs: &Observer<S>, stalled_since: &mut Option<Instant>) {
+    while obs.sink.room() < FRAMES_PER_TURN {
+        let now = Instant::now();
+        let since = *stalled_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= SINK_STALL_LIMIT {
+            return;
+        }
+        tokio::time::sleep(SINK_POLL).await;
+    }
+    *stalled_since = None;
+}
+
+/// Releases what the reorder window allows, a turn at a time, yielding between turns.
+async fn release_paced<S: EventSink>(
+    reorder: &mut Reorder,
+    obs: &mut Observer<S>,
+    drain: bool,
+    stalled_since: &mut Option<Instant>,
+) {
+    loop {
+        pace_to_sink(obs, stalled_since).await;
+        if !reorder.release(obs, Instant::now(), drain, FRAMES_PER_TURN) {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Drives an observer from the stdio tap until both directions close, then returns it
 /// (the caller decides the [`EndCause`] for calls still in flight). Splits each direction into
 /// frames, stamps each frame with the relay time of the chunk that completed it, observes the
 /// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
-/// timeouts every [`TICK`].
+/// timeouts every [`TICK`]. Takes everything queued per look and lingers between looks (see
+/// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up.
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
@@ -1008,42 +1087,67 @@ pub async fn run_tap_observer<S: EventSink>(
     let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
     let mut last_seen: [Option<Instant>; 2] = [None, None];
     let mut reorder = Reorder::default();
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut batch: VecDeque<TapMsg> = VecDeque::new();
+    let mut next_tick = Instant::now() + TICK;
+    let mut stalled: Option<Instant> = None;
+    let mut closing = false;
     loop {
-        let hold = reorder.deadline();
-        tokio::select! {
-            msg = rx.recv() => match msg {
-                Some(TapMsg::Chunk(c)) => {
+        let got = match rx.drain(&mut batch) {
+            Drained::Empty => {
+                let wake_at = reorder.deadline().map_or(next_tick, |h| h.min(next_tick));
+                tokio::select! {
+                    got = rx.recv_many(&mut batch) => got,
+                    _ = tokio::time::sleep_until(wake_at.into()) => Drained::Empty,
+                }
+            }
+            got => got,
+        };
+        if got == Drained::Closed {
+            break;
+        }
+        let worked = got == Drained::Some;
+        while let Some(msg) = batch.pop_front() {
+            match msg {
+                TapMsg::Chunk(c) => {
                     let i = c.dir.index();
                     if c.after_gap {
                         observer.on_gap();
                     }
                     last_seen[i] = Some(c.seen);
-                    splitters[i].push(&c.bytes, c.after_gap, |s| reorder.push(c.dir, c.seen, s));
+                    splitters[i].push(&c.bytes, c.after_gap, |s| {
+                        reorder.push(c.dir, c.seen, &c.bytes, s)
+                    });
                 }
-                Some(TapMsg::Closed { dir, seen }) => {
+                TapMsg::Closed { dir, seen } => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
-                    splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
+                    splitters[dir.index()]
+                        .flush(|s| reorder.push(dir, at, &bytes::Bytes::new(), s));
                     reorder.closed[dir.index()] = true;
+                    // The session is ending: look again at once, the other side follows soon.
+                    closing = true;
                 }
-                None => break,
-            },
-            _ = async {
-                match hold {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending::<()>().await,
-                }
-            } => {}
-            _ = tick.tick() => observer.on_tick(Instant::now()),
+            }
+            release_paced(&mut reorder, &mut observer, false, &mut stalled).await;
         }
-        reorder.release(&mut observer, Instant::now(), false);
+        let now = Instant::now();
+        if now >= next_tick {
+            observer.on_tick(now);
+            next_tick = now + TICK;
+        }
+        release_paced(&mut reorder, &mut observer, false, &mut stalled).await;
+        if worked && !closing {
+            // Linger (see TAP_LINGER); a closing sender cuts it short.
+            tokio::select! {
+                _ = tokio::time::sleep(TAP_LINGER) => {}
+                _ = rx.woken() => {}
+            }
+        }
     }
     for dir in [Direction::ClientToServer, Direction::ServerToClient] {
         let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
-        splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
+        splitters[dir.index()].flush(|s| reorder.push(dir, at, &bytes::Bytes::new(), s));
     }
-    reorder.release(&mut observer, Instant::now(), true);
+    release_paced(&mut reorder, &mut observer, true, &mut stalled).await;
     observer
 }
 

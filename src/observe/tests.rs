@@ -557,7 +557,8 @@ async fn a_50_mb_result_is_still_correlated() {
     drop(text);
     let resp = Bytes::from(resp);
     // Room for every chunk: this test is about the splitter and the peek, not tap drops.
-    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap(resp.len() / CHUNK + 16);
+    let (mut c2s, mut s2c, rx, stats) =
+        crate::tap::tap_with_budget(resp.len() / CHUNK + 16, 2 * resp.len());
     let obs = Observer::new(cfg(), Vec::new());
     let task = tokio::spawn(run_tap_observer(rx, obs));
     let t0 = Instant::now();
