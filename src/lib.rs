@@ -131,9 +131,14 @@ fn run_stdio(cfg: &config::Config) -> i32 {
         return proxy::stdio::StdioProxy::new(program.clone(), args.clone()).run(None, None);
     }
     // One worker: parsing, correlation and reporting are light, and the relay does not run here.
+    // Its threads run below the relay's priority (see observe::priority): on a shared CPU the
+    // relay always goes first and the observer catches up in the gaps.
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("observe-mcp")
+        .on_thread_start(|| {
+            observe::priority::lower_current_thread();
+        })
         .enable_all()
         .build()
     {

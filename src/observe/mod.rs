@@ -41,6 +41,7 @@ pub mod catalog;
 pub mod correlate;
 pub mod frame;
 pub mod peek;
+pub mod priority;
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
