@@ -185,12 +185,15 @@ fn run_stdio(cfg: &config::Config) -> i32 {
                 duplicate_ids = s.duplicate_ids,
                 orphan_responses = s.orphan_responses,
                 gaps = s.gaps,
+                unobserved = s.unobserved,
                 "Observer totals"
             );
         }
         tracing::debug!(
             tap_dropped_chunks_c2s = tap_stats.dropped_chunks[0].load(Relaxed),
             tap_dropped_chunks_s2c = tap_stats.dropped_chunks[1].load(Relaxed),
+            tap_dropped_bytes_c2s = tap_stats.dropped_bytes[0].load(Relaxed),
+            tap_dropped_bytes_s2c = tap_stats.dropped_bytes[1].load(Relaxed),
             delivered = report_stats.delivered,
             dropped = report_stats.dropped,
             batches = report_stats.batches,

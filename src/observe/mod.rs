@@ -128,6 +128,10 @@ pub struct ObserverStats {
     pub orphan_responses: u64,
     /// Chunks that arrived after the tap dropped some: the splitter resynchronised.
     pub gaps: u64,
+    /// Calls that ended without an observed answer after the tap dropped server→client bytes
+    /// while they were open: their answer may have been among the dropped bytes, so no event
+    /// is made for them (a 504 or 502 would claim a failure the client may not have seen).
+    pub unobserved: u64,
 }
 
 /// How often [`run_tap_observer`] checks call timeouts. Timeouts are minutes; a second is plenty.
@@ -213,6 +217,9 @@ pub struct Observer<S: EventSink> {
     early_bytes: usize,
     /// Stdio: one random session id per wrapper process.
     stdio_session: String,
+    /// Relay time of the first server→client chunk after the latest tap drop in that
+    /// direction: a call started before it may have had its answer dropped.
+    s2c_gap: Option<Instant>,
     warned: Warned,
 }
 
@@ -238,6 +245,7 @@ impl<S: EventSink> Observer<S> {
             early: HashMap::new(),
             early_bytes: 0,
             stdio_session: new_event_id(),
+            s2c_gap: None,
             warned: Warned::default(),
         }
     }
@@ -449,7 +457,11 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
-    fn on_gap(&mut self) {
+    /// The tap dropped bytes of `dir` before the chunk read at `seen`.
+    fn on_gap(&mut self, dir: Direction, seen: Instant) {
+        if dir == Direction::ServerToClient {
+            self.s2c_gap = Some(seen);
+        }
         self.stats.gaps += 1;
         if !self.warned.gap {
             self.warned.gap = true;
@@ -858,6 +870,11 @@ impl<S: EventSink> Observer<S> {
         if let ActionState::InFlight(key) = &a.state {
             self.pending.remove(key);
         }
+        let unanswered = matches!(outcome, Outcome::Timeout | Outcome::Transport);
+        if unanswered && self.s2c_gap.is_some_and(|g| a.started < g) {
+            self.stats.unobserved += 1;
+            return;
+        }
         let server = self
             .cfg
             .server_name
@@ -1112,7 +1129,7 @@ pub async fn run_tap_observer<S: EventSink>(
                 TapMsg::Chunk(c) => {
                     let i = c.dir.index();
                     if c.after_gap {
-                        observer.on_gap();
+                        observer.on_gap(c.dir, c.seen);
                     }
                     last_seen[i] = Some(c.seen);
                     splitters[i].push(&c.bytes, c.after_gap, |s| {
