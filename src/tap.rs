@@ -13,7 +13,7 @@
 //! Must never block, never parse, never log per chunk.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -99,6 +99,9 @@ struct Shared {
     stats: Arc<TapStats>,
     max_chunks: usize,
     max_bytes: usize,
+    /// Per direction: the relay has read bytes it has not offered yet (see
+    /// [`TapSender::begin`]).
+    active: [AtomicBool; 2],
 }
 
 struct Queue {
@@ -106,6 +109,8 @@ struct Queue {
     /// Bytes charged for what `msgs` holds (chunk bytes plus [`CHUNK_OVERHEAD`] each).
     bytes: usize,
     chunks: usize,
+    /// Chunks queued per direction.
+    queued: [usize; 2],
     senders: usize,
     /// The observer found the queue empty and is about to sleep until woken.
     waiting: bool,
@@ -151,6 +156,7 @@ pub fn tap_with_budget(
             msgs: VecDeque::new(),
             bytes: 0,
             chunks: 0,
+            queued: [0, 0],
             senders: 2,
             waiting: false,
         }),
@@ -158,6 +164,7 @@ pub fn tap_with_budget(
         stats: stats.clone(),
         max_chunks: capacity.max(1),
         max_bytes: budget_bytes,
+        active: [AtomicBool::new(false), AtomicBool::new(false)],
     });
     let c2s = TapSender {
         shared: shared.clone(),
@@ -179,6 +186,19 @@ fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
 }
 
 impl TapSender {
+    /// The relay read bytes and is about to forward them: until [`TapSender::offer`] (or
+    /// [`TapSender::settle`]) the observer must assume a frame of this direction may still come
+    /// with an earlier timestamp than what it holds. Called after the read, *before* the write,
+    /// so nothing the other side sends in answer to these bytes can be observed first.
+    pub fn begin(&self) {
+        self.shared.active[self.dir.index()].store(true, Ordering::SeqCst);
+    }
+
+    /// The bytes announced by [`TapSender::begin`] will not be offered (the write failed).
+    pub fn settle(&self) {
+        self.shared.active[self.dir.index()].store(false, Ordering::SeqCst);
+    }
+
     /// Hands a copy of forwarded bytes to the observer. Never blocks on the observer (the lock
     /// is held only for a queue push or swap) and wakes it only if it is asleep waiting for
     /// work; counts a drop when the chunk or byte bound is reached.
@@ -202,9 +222,12 @@ impl TapSender {
                 }));
                 q.bytes += charge;
                 q.chunks += 1;
+                q.queued[i] += 1;
                 Some(std::mem::take(&mut q.waiting))
             }
         };
+        // After the push (or the drop): whoever sees `active` false finds the chunk queued.
+        self.settle();
         match wake {
             Some(wake) => {
                 self.gap = false;
@@ -227,6 +250,7 @@ impl TapSender {
             dir: self.dir,
             seen,
         });
+        self.settle();
         // Drop wakes the observer.
     }
 }
@@ -246,6 +270,7 @@ impl TapReceiver {
             std::mem::swap(&mut q.msgs, out);
             q.bytes = 0;
             q.chunks = 0;
+            q.queued = [0, 0];
             return Drained::Some;
         }
         if q.senders == 0 {
@@ -265,6 +290,7 @@ impl TapReceiver {
                     std::mem::swap(&mut q.msgs, out);
                     q.bytes = 0;
                     q.chunks = 0;
+                    q.queued = [0, 0];
                     q.waiting = false;
                     return Drained::Some;
                 }
@@ -284,6 +310,16 @@ impl TapReceiver {
         self.shared.wake.notified().await;
     }
 
+    /// True when every byte the relay has read in `dir` so far has been handed over by
+    /// [`TapReceiver::drain`]: none is being forwarded (see [`TapSender::begin`]) and none is
+    /// queued. A frame of the other direction then cannot be overtaken by one of `dir` that it
+    /// could have caused or answered.
+    pub fn settled(&self, dir: Direction) -> bool {
+        // `active` first: an offer pushes under the lock before it clears `active`.
+        !self.shared.active[dir.index()].load(Ordering::SeqCst)
+            && lock(&self.shared.state).queued[dir.index()] == 0
+    }
+
     /// One queued message, if any (tests).
     pub fn try_recv(&mut self) -> Option<TapMsg> {
         let mut q = lock(&self.shared.state);
@@ -291,6 +327,7 @@ impl TapReceiver {
         if let TapMsg::Chunk(c) = &msg {
             q.bytes = q.bytes.saturating_sub(c.bytes.len() + CHUNK_OVERHEAD);
             q.chunks = q.chunks.saturating_sub(1);
+            q.queued[c.dir.index()] = q.queued[c.dir.index()].saturating_sub(1);
         }
         Some(msg)
     }
@@ -353,6 +390,24 @@ mod tests {
         );
         out.clear();
         assert_eq!(rx.drain(&mut out), Drained::Closed);
+    }
+
+    #[test]
+    fn direction_is_settled_only_when_nothing_read_is_unhanded() {
+        let (mut c2s, _s2c, mut rx, _stats) = tap(TAP_CAPACITY);
+        let d = Direction::ClientToServer;
+        assert!(rx.settled(d), "nothing read yet");
+        c2s.begin();
+        assert!(!rx.settled(d), "read, being forwarded");
+        c2s.offer(Instant::now(), Bytes::from_static(b"x"));
+        assert!(!rx.settled(d), "offered, still queued");
+        let mut out = VecDeque::new();
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        assert!(rx.settled(d), "handed over");
+        c2s.begin();
+        c2s.settle();
+        assert!(rx.settled(d), "a failed write announces nothing");
+        assert!(rx.settled(Direction::ServerToClient));
     }
 
     #[tokio::test]
