@@ -33,9 +33,15 @@
 //!   directions can reach the observer slightly out of order. [`run_tap_observer`] merges them by
 //!   relay timestamp within [`REORDER_HOLD`]; a response that still arrives before its request is
 //!   held for [`EARLY_RESPONSE_GRACE`] before it counts as an orphan.
-//! * Memory: one frame per direction up to the cap (64 MiB), a copy of it while it waits in the
-//!   reorder window, at most [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a
-//!   small record; requests other than `tools/call` are forgotten after the call timeout.
+//! * Memory: the tap's byte budget ([`crate::tap::TAP_BUDGET_BYTES`]) of chunks not yet split,
+//!   one frame per direction up to the cap (64 MiB), a copy of an assembled frame only while it
+//!   waits in the reorder window (a frame nothing can overtake is observed in place), at most
+//!   [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a small record; requests
+//!   other than `tools/call` are forgotten after the call timeout.
+//! * Priority and tap drops: the observer's threads run at nice 19 ([`priority`]) and fall
+//!   behind the relay under sustained load on a shared CPU; if they fall more than the tap's
+//!   budget behind, the tap drops. A call open during a server→client drop that then ends
+//!   unanswered makes no event ([`ObserverStats::unobserved`]): its answer may have been dropped.
 
 pub mod catalog;
 pub mod correlate;
