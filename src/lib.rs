@@ -132,9 +132,14 @@ fn run_stdio(cfg: &config::Config) -> i32 {
         return proxy::stdio::StdioProxy::new(program.clone(), args.clone()).run(None, None);
     }
     // One worker: parsing, correlation and reporting are light, and the relay does not run here.
+    // Its threads run below the relay's priority (see observe::priority): on a shared CPU the
+    // relay always goes first and the observer catches up in the gaps.
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("observe-mcp")
+        .on_thread_start(|| {
+            observe::priority::lower_current_thread();
+        })
         .enable_all()
         .build()
     {
@@ -181,12 +186,15 @@ fn run_stdio(cfg: &config::Config) -> i32 {
                 duplicate_ids = s.duplicate_ids,
                 orphan_responses = s.orphan_responses,
                 gaps = s.gaps,
+                unobserved = s.unobserved,
                 "Observer totals"
             );
         }
         tracing::debug!(
             tap_dropped_chunks_c2s = tap_stats.dropped_chunks[0].load(Relaxed),
             tap_dropped_chunks_s2c = tap_stats.dropped_chunks[1].load(Relaxed),
+            tap_dropped_bytes_c2s = tap_stats.dropped_bytes[0].load(Relaxed),
+            tap_dropped_bytes_s2c = tap_stats.dropped_bytes[1].load(Relaxed),
             delivered = report_stats.delivered,
             dropped = report_stats.dropped,
             batches = report_stats.batches,

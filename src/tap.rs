@@ -1,18 +1,24 @@
 //! The tap: how forwarded bytes reach the observer without slowing the relay.
 //!
-//! Owns [`Direction`], [`TapChunk`] and the bounded channel between a relay loop and the
+//! Owns [`Direction`], [`TapChunk`] and the bounded queue between a relay loop and the
 //! observer. A relay loop calls [`TapSender::offer`] *after* it has written the chunk onward;
-//! `offer` never blocks and never allocates beyond the `Bytes` it is given: when the channel is
-//! full the chunk is counted as dropped and the next chunk that does get through is marked
-//! `after_gap`, so the frame splitter can resynchronise at the next newline instead of gluing
-//! two halves of different messages together. Must never block, never parse, never log per chunk.
+//! `offer` never waits on the observer and allocates nothing beyond the `Bytes` it is given (the
+//! queue's storage is swapped back and forth with the observer's, so it is reused): when the
+//! queue holds [`TAP_BUDGET_BYTES`] the chunk is counted as dropped and the next chunk that does
+//! get through is marked `after_gap`, so the frame splitter can resynchronise at the next newline
+//! instead of gluing two halves of different messages together. The bound is in bytes, not
+//! chunks, so a burst of thousands of small messages is absorbed while memory stays bounded.
+//! A sender wakes the observer only when it is asleep with nothing to do; while it is busy or
+//! lingering (see `observe::run_tap_observer`) offers cost a lock and a push, no syscall.
+//! Must never block, never parse, never log per chunk.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 /// Which way a message travels. Correlation is keyed by direction and id (DESIGN §2a).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,70 +75,261 @@ pub struct TapStats {
     pub dropped_bytes: [AtomicU64; 2],
 }
 
-/// Capacity of the tap channel in chunks. A relay read is at most [`crate::proxy::stdio::READ_BUF`]
-/// bytes, so this bounds queued memory at 64 × 64 KiB = 4 MiB when the observer lags; small
-/// messages queue far less.
-pub const TAP_CAPACITY: usize = 64;
+/// Most chunks queued at once. Only a backstop against a flood of tiny reads: the byte budget
+/// ([`TAP_BUDGET_BYTES`]) is the real bound, and it must be the one that trips, so a burst of
+/// small messages queued while the observer runs behind the relay is absorbed, not dropped.
+pub const TAP_CAPACITY: usize = 65_536;
+
+/// Most bytes queued at once (chunk bytes plus [`CHUNK_OVERHEAD`] per chunk). The observer runs
+/// at a lower CPU priority than the relay (see `observe::OBSERVER_NICE`), so on a busy CPU it
+/// falls behind during a burst and catches up in the gaps; this is how far behind it may fall.
+/// 8 MiB holds a 20,000-call pipelined burst of small `tools/call` messages (~6 MB) and more than
+/// one 5 MB frame; it is also the most the tap can ever add to the wrapper's memory.
+pub const TAP_BUDGET_BYTES: usize = 8 * 1024 * 1024;
+
+/// What one queued chunk costs beyond its bytes (queue slot, `Bytes` header, allocator
+/// rounding): charged against the budget so a flood of tiny chunks is bounded too.
+pub const CHUNK_OVERHEAD: usize = 64;
+
+/// The queue shared by both senders and the observer.
+struct Shared {
+    state: Mutex<Queue>,
+    /// Wakes the observer: only when it said it is waiting, when a sender closes, or goes away.
+    wake: Notify,
+    stats: Arc<TapStats>,
+    max_chunks: usize,
+    max_bytes: usize,
+    /// Per direction: the relay has read bytes it has not offered yet (see
+    /// [`TapSender::begin`]).
+    active: [AtomicBool; 2],
+}
+
+struct Queue {
+    msgs: VecDeque<TapMsg>,
+    /// Bytes charged for what `msgs` holds (chunk bytes plus [`CHUNK_OVERHEAD`] each).
+    bytes: usize,
+    chunks: usize,
+    /// Chunks queued per direction.
+    queued: [usize; 2],
+    senders: usize,
+    /// The observer found the queue empty and is about to sleep until woken.
+    waiting: bool,
+}
 
 /// One direction's sending half, owned by that direction's relay loop.
 pub struct TapSender {
-    tx: mpsc::Sender<TapMsg>,
+    shared: Arc<Shared>,
     dir: Direction,
     gap: bool,
-    stats: Arc<TapStats>,
 }
 
-pub type TapReceiver = mpsc::Receiver<TapMsg>;
+/// The observer's receiving half.
+pub struct TapReceiver {
+    shared: Arc<Shared>,
+}
 
-/// Builds the tap: a sender per direction and the observer's receiver.
+/// What [`TapReceiver::drain`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drained {
+    /// Messages were moved into the caller's buffer.
+    Some,
+    /// Nothing queued; senders remain.
+    Empty,
+    /// Nothing queued and every sender is gone: the tap is finished.
+    Closed,
+}
+
+/// Builds the tap with the default byte budget: a sender per direction and the observer's
+/// receiver. `capacity` bounds the number of queued chunks (see [`TAP_CAPACITY`]).
 pub fn tap(capacity: usize) -> (TapSender, TapSender, TapReceiver, Arc<TapStats>) {
-    let (tx, rx) = mpsc::channel(capacity.max(1));
+    tap_with_budget(capacity, TAP_BUDGET_BYTES)
+}
+
+/// [`tap`] with an explicit byte budget (tests use a small one to exercise the drop path).
+pub fn tap_with_budget(
+    capacity: usize,
+    budget_bytes: usize,
+) -> (TapSender, TapSender, TapReceiver, Arc<TapStats>) {
     let stats = Arc::new(TapStats::default());
+    let shared = Arc::new(Shared {
+        state: Mutex::new(Queue {
+            msgs: VecDeque::new(),
+            bytes: 0,
+            chunks: 0,
+            queued: [0, 0],
+            senders: 2,
+            waiting: false,
+        }),
+        wake: Notify::new(),
+        stats: stats.clone(),
+        max_chunks: capacity.max(1),
+        max_bytes: budget_bytes,
+        active: [AtomicBool::new(false), AtomicBool::new(false)],
+    });
     let c2s = TapSender {
-        tx: tx.clone(),
+        shared: shared.clone(),
         dir: Direction::ClientToServer,
         gap: false,
-        stats: stats.clone(),
     };
     let s2c = TapSender {
-        tx,
+        shared: shared.clone(),
         dir: Direction::ServerToClient,
         gap: false,
-        stats: stats.clone(),
     };
-    (c2s, s2c, rx, stats)
+    (c2s, s2c, TapReceiver { shared }, stats)
+}
+
+fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+    // Nothing panics while holding the lock (pushes and swaps only); a poisoned lock still
+    // holds a consistent queue.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl TapSender {
-    /// Hands a copy of forwarded bytes to the observer. Never blocks; counts a drop when full.
+    /// The relay read bytes and is about to forward them: until [`TapSender::offer`] (or
+    /// [`TapSender::settle`]) the observer must assume a frame of this direction may still come
+    /// with an earlier timestamp than what it holds. Called after the read, *before* the write,
+    /// so nothing the other side sends in answer to these bytes can be observed first.
+    pub fn begin(&self) {
+        self.shared.active[self.dir.index()].store(true, Ordering::SeqCst);
+    }
+
+    /// The bytes announced by [`TapSender::begin`] will not be offered (the write failed).
+    pub fn settle(&self) {
+        self.shared.active[self.dir.index()].store(false, Ordering::SeqCst);
+    }
+
+    /// Hands a copy of forwarded bytes to the observer. Never blocks on the observer (the lock
+    /// is held only for a queue push or swap) and wakes it only if it is asleep waiting for
+    /// work; counts a drop when the chunk or byte bound is reached.
     pub fn offer(&mut self, seen: Instant, bytes: Bytes) {
         let i = self.dir.index();
-        let len = bytes.len() as u64;
-        self.stats.offered_chunks[i].fetch_add(1, Ordering::Relaxed);
-        self.stats.offered_bytes[i].fetch_add(len, Ordering::Relaxed);
-        let msg = TapMsg::Chunk(TapChunk {
-            dir: self.dir,
-            seen,
-            bytes,
-            after_gap: self.gap,
-        });
-        match self.tx.try_send(msg) {
-            Ok(()) => self.gap = false,
-            Err(_) => {
+        let len = bytes.len();
+        let stats = &self.shared.stats;
+        stats.offered_chunks[i].fetch_add(1, Ordering::Relaxed);
+        stats.offered_bytes[i].fetch_add(len as u64, Ordering::Relaxed);
+        let charge = len + CHUNK_OVERHEAD;
+        let wake = {
+            let mut q = lock(&self.shared.state);
+            if q.chunks >= self.shared.max_chunks || q.bytes + charge > self.shared.max_bytes {
+                None
+            } else {
+                q.msgs.push_back(TapMsg::Chunk(TapChunk {
+                    dir: self.dir,
+                    seen,
+                    bytes,
+                    after_gap: self.gap,
+                }));
+                q.bytes += charge;
+                q.chunks += 1;
+                q.queued[i] += 1;
+                Some(std::mem::take(&mut q.waiting))
+            }
+        };
+        // After the push (or the drop): whoever sees `active` false finds the chunk queued.
+        self.settle();
+        match wake {
+            Some(wake) => {
+                self.gap = false;
+                if wake {
+                    self.shared.wake.notify_one();
+                }
+            }
+            None => {
                 self.gap = true;
-                self.stats.dropped_chunks[i].fetch_add(1, Ordering::Relaxed);
-                self.stats.dropped_bytes[i].fetch_add(len, Ordering::Relaxed);
+                stats.dropped_chunks[i].fetch_add(1, Ordering::Relaxed);
+                stats.dropped_bytes[i].fetch_add(len as u64, Ordering::Relaxed);
             }
         }
     }
 
-    /// Signals EOF for this direction. Best effort: if the channel is full the observer still
-    /// learns of the end when the channel closes.
+    /// Signals EOF for this direction (never dropped: the marker is not charged against the
+    /// bounds) and wakes the observer so the session's end is observed at once.
     pub fn close(self, seen: Instant) {
-        let _ = self.tx.try_send(TapMsg::Closed {
+        lock(&self.shared.state).msgs.push_back(TapMsg::Closed {
             dir: self.dir,
             seen,
         });
+        self.settle();
+        // Drop wakes the observer.
+    }
+}
+
+impl Drop for TapSender {
+    fn drop(&mut self) {
+        lock(&self.shared.state).senders -= 1;
+        self.shared.wake.notify_one();
+    }
+}
+
+impl TapReceiver {
+    /// Moves everything queued into `out` (which should be empty; its allocation is reused).
+    pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
+        let mut q = lock(&self.shared.state);
+        if !q.msgs.is_empty() {
+            std::mem::swap(&mut q.msgs, out);
+            q.bytes = 0;
+            q.chunks = 0;
+            q.queued = [0, 0];
+            return Drained::Some;
+        }
+        if q.senders == 0 {
+            Drained::Closed
+        } else {
+            Drained::Empty
+        }
+    }
+
+    /// Like [`TapReceiver::drain`], but when nothing is queued it sleeps until a sender offers,
+    /// closes or goes away. Returns [`Drained::Closed`] once the tap is finished.
+    pub async fn recv_many(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
+        loop {
+            {
+                let mut q = lock(&self.shared.state);
+                if !q.msgs.is_empty() {
+                    std::mem::swap(&mut q.msgs, out);
+                    q.bytes = 0;
+                    q.chunks = 0;
+                    q.queued = [0, 0];
+                    q.waiting = false;
+                    return Drained::Some;
+                }
+                if q.senders == 0 {
+                    return Drained::Closed;
+                }
+                q.waiting = true;
+            }
+            // A notify_one between the unlock and this await leaves a permit: nothing is missed.
+            self.shared.wake.notified().await;
+        }
+    }
+
+    /// Waits until a sender closes or goes away, or (if the observer asked to be woken) offers.
+    /// May return spuriously; callers re-check with [`TapReceiver::drain`].
+    pub async fn woken(&self) {
+        self.shared.wake.notified().await;
+    }
+
+    /// True when every byte the relay has read in `dir` so far has been handed over by
+    /// [`TapReceiver::drain`]: none is being forwarded (see [`TapSender::begin`]) and none is
+    /// queued. A frame of the other direction then cannot be overtaken by one of `dir` that it
+    /// could have caused or answered.
+    pub fn settled(&self, dir: Direction) -> bool {
+        // `active` first: an offer pushes under the lock before it clears `active`.
+        !self.shared.active[dir.index()].load(Ordering::SeqCst)
+            && lock(&self.shared.state).queued[dir.index()] == 0
+    }
+
+    /// One queued message, if any (tests).
+    pub fn try_recv(&mut self) -> Option<TapMsg> {
+        let mut q = lock(&self.shared.state);
+        let msg = q.msgs.pop_front()?;
+        if let TapMsg::Chunk(c) = &msg {
+            q.bytes = q.bytes.saturating_sub(c.bytes.len() + CHUNK_OVERHEAD);
+            q.chunks = q.chunks.saturating_sub(1);
+            q.queued[c.dir.index()] = q.queued[c.dir.index()].saturating_sub(1);
+        }
+        Some(msg)
     }
 }
 
@@ -148,15 +345,89 @@ mod tests {
         c2s.offer(now, Bytes::from_static(b"bb"));
         assert_eq!(stats.dropped_chunks[0].load(Ordering::Relaxed), 1);
         assert_eq!(stats.dropped_bytes[0].load(Ordering::Relaxed), 2);
-        let Some(TapMsg::Chunk(first)) = rx.try_recv().ok() else {
+        let Some(TapMsg::Chunk(first)) = rx.try_recv() else {
             panic!("first chunk must arrive")
         };
         assert!(!first.after_gap);
         c2s.offer(now, Bytes::from_static(b"c"));
-        let Some(TapMsg::Chunk(third)) = rx.try_recv().ok() else {
+        let Some(TapMsg::Chunk(third)) = rx.try_recv() else {
             panic!("third chunk must arrive")
         };
         assert!(third.after_gap, "chunk after a drop is marked");
         assert_eq!(&third.bytes[..], b"c");
+    }
+
+    #[test]
+    fn byte_budget_bounds_queue_and_drain_frees_it() {
+        // Room for two 100-byte chunks with their overhead, not three.
+        let budget = 2 * (100 + CHUNK_OVERHEAD) + 10;
+        let (mut c2s, mut s2c, mut rx, stats) = tap_with_budget(TAP_CAPACITY, budget);
+        let now = Instant::now();
+        let chunk = Bytes::from(vec![b'x'; 100]);
+        c2s.offer(now, chunk.clone());
+        s2c.offer(now, chunk.clone());
+        c2s.offer(now, chunk.clone());
+        assert_eq!(stats.dropped_chunks[0].load(Ordering::Relaxed), 1);
+        assert_eq!(stats.dropped_chunks[1].load(Ordering::Relaxed), 0);
+        let mut out = VecDeque::new();
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        assert_eq!(out.len(), 2);
+        out.clear();
+        // The drain gave the budget back: the next chunk is queued, marked after the gap.
+        c2s.offer(now, chunk);
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        let Some(TapMsg::Chunk(c)) = out.pop_front() else {
+            panic!("chunk after drain must be queued")
+        };
+        assert!(c.after_gap);
+        out.clear();
+        c2s.close(now);
+        drop(s2c);
+        assert_eq!(
+            rx.drain(&mut out),
+            Drained::Some,
+            "the EOF marker is queued"
+        );
+        out.clear();
+        assert_eq!(rx.drain(&mut out), Drained::Closed);
+    }
+
+    #[test]
+    fn direction_is_settled_only_when_nothing_read_is_unhanded() {
+        let (mut c2s, _s2c, mut rx, _stats) = tap(TAP_CAPACITY);
+        let d = Direction::ClientToServer;
+        assert!(rx.settled(d), "nothing read yet");
+        c2s.begin();
+        assert!(!rx.settled(d), "read, being forwarded");
+        c2s.offer(Instant::now(), Bytes::from_static(b"x"));
+        assert!(!rx.settled(d), "offered, still queued");
+        let mut out = VecDeque::new();
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        assert!(rx.settled(d), "handed over");
+        c2s.begin();
+        c2s.settle();
+        assert!(rx.settled(d), "a failed write announces nothing");
+        assert!(rx.settled(Direction::ServerToClient));
+    }
+
+    #[tokio::test]
+    async fn sleeping_receiver_is_woken_by_offer_and_by_last_sender() {
+        let (mut c2s, s2c, mut rx, _stats) = tap(TAP_CAPACITY);
+        let offer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            c2s.offer(Instant::now(), Bytes::from_static(b"a\n"));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(c2s);
+            drop(s2c);
+        });
+        let mut out = VecDeque::new();
+        let limit = std::time::Duration::from_secs(30);
+        let got = tokio::time::timeout(limit, rx.recv_many(&mut out)).await;
+        assert_eq!(got.ok(), Some(Drained::Some));
+        assert_eq!(out.len(), 1);
+        out.clear();
+        let got = tokio::time::timeout(limit, rx.recv_many(&mut out)).await;
+        assert_eq!(got.ok(), Some(Drained::Closed));
+        offer.join().expect("offer thread");
     }
 }

@@ -776,3 +776,56 @@ fn bad_input_is_counted_with_at_most_one_warning_each_and_relayed_unchanged() {
     }
     assert_eq!(std::fs::read_to_string(&sink).unwrap_or_default(), "");
 }
+
+/// Correctness under load: a burst far larger than any queue's slot count (the tap once held 64
+/// chunks and lost ~600 requests per dropped chunk) must still yield one 200 event per call.
+#[test]
+fn burst_of_5000_pipelined_calls_yields_5000_ok_events() {
+    const CALLS: i64 = 5_000;
+    let mut s = Session::start("payments_server", &[], &[]);
+    s.initialize();
+    // Every request in one write stream, before reading any answer: the client pipelines.
+    let mut burst = String::new();
+    for id in 1..=CALLS {
+        let req = json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+                         "params":{"name":"issue_refund",
+                                   "arguments":{"amount_cents": id, "currency": "EUR",
+                                                "customer_email": "burst@example.com",
+                                                "reason": "burst"}}});
+        burst.push_str(&req.to_string());
+        burst.push('\n');
+    }
+    let mut stdin = s.stdin.take().expect("stdin open");
+    let writer = std::thread::spawn(move || {
+        stdin.write_all(burst.as_bytes()).expect("write burst");
+        stdin.flush().expect("flush");
+        stdin
+    });
+    let mut answered = std::collections::HashSet::new();
+    while answered.len() < CALLS as usize {
+        let (_, v) = s.recv("a burst response");
+        assert_eq!(v["result"]["isError"], false, "every refund succeeds: {v}");
+        answered.insert(v["id"].as_i64().expect("numeric id"));
+    }
+    s.stdin = Some(writer.join().expect("writer thread"));
+    let end = s.end();
+    assert!(end.status.success(), "stderr: {}", end.stderr);
+    assert_eq!(end.events.len(), CALLS as usize, "stderr: {}", end.stderr);
+    let not_ok: Vec<&Value> = end.events.iter().filter(|e| e["status"] != 200).collect();
+    assert!(
+        not_ok.is_empty(),
+        "all answered: {:?}",
+        &not_ok[..not_ok.len().min(3)]
+    );
+    let mut amounts: Vec<i64> = end
+        .events
+        .iter()
+        .filter_map(|e| e["rec"]["fields"]["amount_cents"].as_i64())
+        .collect();
+    amounts.sort_unstable();
+    assert_eq!(
+        amounts,
+        (1..=CALLS).collect::<Vec<_>>(),
+        "each call exactly once"
+    );
+}

@@ -132,6 +132,12 @@ pub struct Batch {
 /// Where the observer puts finished events. The reporter's queue implements it; tests use a Vec.
 pub trait EventSink: Send {
     fn emit(&mut self, event: Event);
+
+    /// How many more events `emit` can take now without dropping any. A producer that can wait
+    /// (the stdio observer, which works off a backlog) uses it to pace itself to the consumer.
+    fn room(&self) -> usize {
+        usize::MAX
+    }
 }
 
 impl EventSink for Vec<Event> {

@@ -33,16 +33,23 @@
 //!   directions can reach the observer slightly out of order. [`run_tap_observer`] merges them by
 //!   relay timestamp within [`REORDER_HOLD`]; a response that still arrives before its request is
 //!   held for [`EARLY_RESPONSE_GRACE`] before it counts as an orphan.
-//! * Memory: one frame per direction up to the cap (64 MiB), a copy of it while it waits in the
-//!   reorder window, at most [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a
-//!   small record; requests other than `tools/call` are forgotten after the call timeout.
+//! * Memory: the tap's byte budget ([`crate::tap::TAP_BUDGET_BYTES`]) of chunks not yet split,
+//!   one frame per direction up to the cap (64 MiB), a copy of an assembled frame only while it
+//!   waits in the reorder window (a frame nothing can overtake is observed in place), at most
+//!   [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a small record; requests
+//!   other than `tools/call` are forgotten after the call timeout.
+//! * Priority and tap drops: the observer's threads run at nice 19 ([`priority`]) and fall
+//!   behind the relay under sustained load on a shared CPU; if they fall more than the tap's
+//!   budget behind, the tap drops. A call open during a server→client drop that then ends
+//!   unanswered makes no event ([`ObserverStats::unobserved`]): its answer may have been dropped.
 
 pub mod catalog;
 pub mod correlate;
 pub mod frame;
 pub mod peek;
+pub mod priority;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Map;
@@ -51,7 +58,7 @@ use crate::event::privacy::CapturePolicy;
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session,
 };
-use crate::tap::{Direction, TapMsg, TapReceiver};
+use crate::tap::{Direction, Drained, TapMsg, TapReceiver};
 
 use catalog::Catalog;
 use correlate::{state_digest, Action, ActionState, Key, Outcome, Pending, PendingKind};
@@ -127,6 +134,10 @@ pub struct ObserverStats {
     pub orphan_responses: u64,
     /// Chunks that arrived after the tap dropped some: the splitter resynchronised.
     pub gaps: u64,
+    /// Calls that ended without an observed answer after the tap dropped server→client bytes
+    /// while they were open: their answer may have been among the dropped bytes, so no event
+    /// is made for them (a 504 or 502 would claim a failure the client may not have seen).
+    pub unobserved: u64,
 }
 
 /// How often [`run_tap_observer`] checks call timeouts. Timeouts are minutes; a second is plenty.
@@ -212,6 +223,9 @@ pub struct Observer<S: EventSink> {
     early_bytes: usize,
     /// Stdio: one random session id per wrapper process.
     stdio_session: String,
+    /// Relay time of the first server→client chunk after the latest tap drop in that
+    /// direction: a call started before it may have had its answer dropped.
+    s2c_gap: Option<Instant>,
     warned: Warned,
 }
 
@@ -237,6 +251,7 @@ impl<S: EventSink> Observer<S> {
             early: HashMap::new(),
             early_bytes: 0,
             stdio_session: new_event_id(),
+            s2c_gap: None,
             warned: Warned::default(),
         }
     }
@@ -448,7 +463,11 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
-    fn on_gap(&mut self) {
+    /// The tap dropped bytes of `dir` before the chunk read at `seen`.
+    fn on_gap(&mut self, dir: Direction, seen: Instant) {
+        if dir == Direction::ServerToClient {
+            self.s2c_gap = Some(seen);
+        }
         self.stats.gaps += 1;
         if !self.warned.gap {
             self.warned.gap = true;
@@ -857,6 +876,11 @@ impl<S: EventSink> Observer<S> {
         if let ActionState::InFlight(key) = &a.state {
             self.pending.remove(key);
         }
+        let unanswered = matches!(outcome, Outcome::Timeout | Outcome::Transport);
+        if unanswered && self.s2c_gap.is_some_and(|g| a.started < g) {
+            self.stats.unobserved += 1;
+            return;
+        }
         let server = self
             .cfg
             .server_name
@@ -948,43 +972,84 @@ struct Reorder {
 }
 
 impl Reorder {
-    fn push(&mut self, dir: Direction, seen: Instant, s: Split<'_>) {
+    /// Takes a frame the splitter completed. When nothing is held and the other direction has
+    /// settled (every byte it read is already in the observer's hands, see
+    /// [`crate::tap::TapReceiver::settled`]) or closed, nothing can overtake the frame: it is
+    /// observed at once, in place, without a copy. Otherwise it is held: a frame inside the tap
+    /// chunk `chunk` (the common case) as a zero-copy slice of it, a frame the splitter assembled
+    /// from several chunks as a copy of the splitter's buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn push<S: EventSink>(
+        &mut self,
+        obs: &mut Observer<S>,
+        dir: Direction,
+        seen: Instant,
+        chunk: &bytes::Bytes,
+        s: Split<'_>,
+        other_settled: bool,
+    ) {
+        let i = dir.index();
+        let other = 1 - i;
+        let clear = self.queues[i].is_empty() && self.queues[other].is_empty();
+        if clear && (other_settled || self.closed[other]) {
+            match s {
+                Split::Frame(f) => obs.on_frame(StreamId(0), dir, seen, f),
+                Split::Oversize(n) => obs.on_oversize_frame(dir, n),
+            }
+            return;
+        }
         let frame = match s {
-            Split::Frame(f) => HeldFrame::Bytes(bytes::Bytes::copy_from_slice(f)),
+            Split::Frame(f) => HeldFrame::Bytes(slice_or_copy(chunk, f)),
             Split::Oversize(n) => HeldFrame::Oversize(n),
         };
-        self.queues[dir.index()].push_back(Held { seen, frame });
+        self.queues[i].push_back(Held { seen, frame });
     }
 
-    /// Observes every frame that can no longer be overtaken; `drain` observes all.
-    fn release<S: EventSink>(&mut self, obs: &mut Observer<S>, now: Instant, drain: bool) {
+    fn is_empty(&self) -> bool {
+        self.queues.iter().all(|q| q.is_empty())
+    }
+
+    /// Observes every frame that can no longer be overtaken (`drain`: all), at most `limit` of
+    /// them; true if it stopped at the limit with more releasable frames left. `settled`: per
+    /// direction, whether every byte the relay read is already in the observer's hands.
+    fn release<S: EventSink>(
+        &mut self,
+        obs: &mut Observer<S>,
+        now: Instant,
+        drain: bool,
+        limit: usize,
+        settled: [bool; 2],
+    ) -> bool {
         const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
-        loop {
+        for _ in 0..limit {
             let heads = [
                 self.queues[0].front().map(|h| h.seen),
                 self.queues[1].front().map(|h| h.seen),
             ];
             let pick = match heads {
                 [Some(a), Some(b)] => Some(if a <= b { 0 } else { 1 }),
-                [Some(a), None] => {
-                    (drain || self.closed[1] || now.saturating_duration_since(a) >= REORDER_HOLD)
-                        .then_some(0)
-                }
-                [None, Some(b)] => {
-                    (drain || self.closed[0] || now.saturating_duration_since(b) >= REORDER_HOLD)
-                        .then_some(1)
-                }
+                [Some(a), None] => (drain
+                    || self.closed[1]
+                    || settled[1]
+                    || now.saturating_duration_since(a) >= REORDER_HOLD)
+                    .then_some(0),
+                [None, Some(b)] => (drain
+                    || self.closed[0]
+                    || settled[0]
+                    || now.saturating_duration_since(b) >= REORDER_HOLD)
+                    .then_some(1),
                 [None, None] => None,
             };
-            let Some(i) = pick else { return };
+            let Some(i) = pick else { return false };
             let Some(h) = self.queues[i].pop_front() else {
-                return;
+                return false;
             };
             match h.frame {
                 HeldFrame::Bytes(b) => obs.on_frame(StreamId(0), DIRS[i], h.seen, &b),
                 HeldFrame::Oversize(n) => obs.on_oversize_frame(DIRS[i], n),
             }
         }
+        !self.is_empty()
     }
 
     /// When the oldest held frame must be released at the latest.
@@ -996,11 +1061,91 @@ impl Reorder {
     }
 }
 
+/// `f` as a zero-copy slice of `chunk` when it points into it, else a copy.
+fn slice_or_copy(chunk: &bytes::Bytes, f: &[u8]) -> bytes::Bytes {
+    let c = chunk.as_ptr() as usize;
+    let p = f.as_ptr() as usize;
+    if !f.is_empty() && p >= c && p + f.len() <= c + chunk.len() {
+        chunk.slice(p - c..p - c + f.len())
+    } else {
+        bytes::Bytes::copy_from_slice(f)
+    }
+}
+
+/// After working off what the tap held, the observer waits this long before looking again
+/// instead of asking to be woken: a sender then queues with a lock and a push and no wake-up
+/// syscall, and the observer runs once per linger with a batch instead of once per chunk. Only
+/// when a look finds nothing does it sleep until the next offer. Delays observation by at most
+/// this much (timestamps are the relay's, so `dur_ms` is unaffected), never the relay; the tap's
+/// byte budget covers what arrives meanwhile.
+pub const TAP_LINGER: Duration = Duration::from_millis(2);
+
+/// Most frames observed between two yields to the runtime. The reporter runs on the same
+/// worker and takes up to tokio's cooperative budget (128) of events per turn: observing at most
+/// this many frames (at most one event each, bar batches) per turn keeps its queue from
+/// overflowing while a backlog is worked off.
+pub const FRAMES_PER_TURN: usize = 64;
+
+/// How long the observer waits, per stall, for room in the reporter's queue before observing
+/// anyway (and letting the queue count the drops). A healthy ingest answers well within it, so
+/// a backlog is paced to the reporter instead of overflowing its queue; a black-hole ingest
+/// cannot stall observation (and the tap) for longer than this.
+pub const SINK_STALL_LIMIT: Duration = Duration::from_millis(250);
+
+/// Room in the reporter's queue the observer waits for before it splits the next tap chunk:
+/// one 64 KiB chunk of the smallest `tools/call` responses (~36 bytes) completes ~1,800 calls.
+const SINK_ROOM: usize = 2_048;
+
+/// How often the observer re-checks the reporter's queue while it waits for room.
+const SINK_POLL: Duration = Duration::from_millis(1);
+
+/// Waits (bounded, see [`SINK_STALL_LIMIT`]) until the sink can take a turn's worth of events.
+async fn pace_to_sink<S: EventSink>(obs: &Observer<S>, stalled_since: &mut Option<Instant>) {
+    while obs.sink.room() < SINK_ROOM {
+        let now = Instant::now();
+        let since = *stalled_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= SINK_STALL_LIMIT {
+            return;
+        }
+        tokio::time::sleep(SINK_POLL).await;
+    }
+    *stalled_since = None;
+}
+
+/// Per direction: has every byte the relay read in it reached the splitter? `left`: chunks of
+/// each direction drained from the tap but not yet split.
+fn settled(rx: &TapReceiver, left: &[usize; 2]) -> [bool; 2] {
+    [
+        left[0] == 0 && rx.settled(Direction::ClientToServer),
+        left[1] == 0 && rx.settled(Direction::ServerToClient),
+    ]
+}
+
+/// Releases what the reorder window allows, a turn at a time, yielding between turns.
+async fn release_paced<S: EventSink>(
+    reorder: &mut Reorder,
+    obs: &mut Observer<S>,
+    drain: bool,
+    stalled_since: &mut Option<Instant>,
+    rx: &TapReceiver,
+    left: &[usize; 2],
+) {
+    loop {
+        pace_to_sink(obs, stalled_since).await;
+        let settled = settled(rx, left);
+        if !reorder.release(obs, Instant::now(), drain, FRAMES_PER_TURN, settled) {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Drives an observer from the stdio tap until both directions close, then returns it
 /// (the caller decides the [`EndCause`] for calls still in flight). Splits each direction into
 /// frames, stamps each frame with the relay time of the chunk that completed it, observes the
 /// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
-/// timeouts every [`TICK`].
+/// timeouts every [`TICK`]. Takes everything queued per look and lingers between looks (see
+/// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up.
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
@@ -1008,42 +1153,106 @@ pub async fn run_tap_observer<S: EventSink>(
     let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
     let mut last_seen: [Option<Instant>; 2] = [None, None];
     let mut reorder = Reorder::default();
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut batch: VecDeque<TapMsg> = VecDeque::new();
+    let mut next_tick = Instant::now() + TICK;
+    let mut stalled: Option<Instant> = None;
+    let mut closing = false;
     loop {
-        let hold = reorder.deadline();
-        tokio::select! {
-            msg = rx.recv() => match msg {
-                Some(TapMsg::Chunk(c)) => {
+        let got = match rx.drain(&mut batch) {
+            Drained::Empty => {
+                let wake_at = reorder.deadline().map_or(next_tick, |h| h.min(next_tick));
+                tokio::select! {
+                    got = rx.recv_many(&mut batch) => got,
+                    _ = tokio::time::sleep_until(wake_at.into()) => Drained::Empty,
+                }
+            }
+            got => got,
+        };
+        if got == Drained::Closed {
+            break;
+        }
+        let worked = got == Drained::Some;
+        let mut left = [0usize; 2];
+        for msg in &batch {
+            if let TapMsg::Chunk(c) = msg {
+                left[c.dir.index()] += 1;
+            }
+        }
+        while let Some(msg) = batch.pop_front() {
+            pace_to_sink(&observer, &mut stalled).await;
+            match msg {
+                TapMsg::Chunk(c) => {
                     let i = c.dir.index();
+                    left[i] -= 1;
                     if c.after_gap {
-                        observer.on_gap();
+                        observer.on_gap(c.dir, c.seen);
                     }
                     last_seen[i] = Some(c.seen);
-                    splitters[i].push(&c.bytes, c.after_gap, |s| reorder.push(c.dir, c.seen, s));
+                    let other_settled = settled(&rx, &left)[1 - i];
+                    let before = observer.stats.events;
+                    splitters[i].push(&c.bytes, c.after_gap, |s| {
+                        reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other_settled)
+                    });
+                    if observer.stats.events - before >= FRAMES_PER_TURN as u64 {
+                        tokio::task::yield_now().await;
+                    }
                 }
-                Some(TapMsg::Closed { dir, seen }) => {
+                TapMsg::Closed { dir, seen } => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
-                    splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
+                    let other_settled = settled(&rx, &left)[1 - dir.index()];
+                    splitters[dir.index()].flush(|s| {
+                        reorder.push(
+                            &mut observer,
+                            dir,
+                            at,
+                            &bytes::Bytes::new(),
+                            s,
+                            other_settled,
+                        )
+                    });
                     reorder.closed[dir.index()] = true;
+                    // The session is ending: look again at once, the other side follows soon.
+                    closing = true;
                 }
-                None => break,
-            },
-            _ = async {
-                match hold {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending::<()>().await,
-                }
-            } => {}
-            _ = tick.tick() => observer.on_tick(Instant::now()),
+            }
+            release_paced(&mut reorder, &mut observer, false, &mut stalled, &rx, &left).await;
         }
-        reorder.release(&mut observer, Instant::now(), false);
+        let now = Instant::now();
+        if now >= next_tick {
+            observer.on_tick(now);
+            next_tick = now + TICK;
+        }
+        release_paced(
+            &mut reorder,
+            &mut observer,
+            false,
+            &mut stalled,
+            &rx,
+            &[0, 0],
+        )
+        .await;
+        if worked && !closing {
+            // Linger (see TAP_LINGER); a closing sender cuts it short.
+            tokio::select! {
+                _ = tokio::time::sleep(TAP_LINGER) => {}
+                _ = rx.woken() => {}
+            }
+        }
     }
     for dir in [Direction::ClientToServer, Direction::ServerToClient] {
         let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
-        splitters[dir.index()].flush(|s| reorder.push(dir, at, s));
+        splitters[dir.index()]
+            .flush(|s| reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, true));
     }
-    reorder.release(&mut observer, Instant::now(), true);
+    release_paced(
+        &mut reorder,
+        &mut observer,
+        true,
+        &mut stalled,
+        &rx,
+        &[0, 0],
+    )
+    .await;
     observer
 }
 

@@ -557,7 +557,8 @@ async fn a_50_mb_result_is_still_correlated() {
     drop(text);
     let resp = Bytes::from(resp);
     // Room for every chunk: this test is about the splitter and the peek, not tap drops.
-    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap(resp.len() / CHUNK + 16);
+    let (mut c2s, mut s2c, rx, stats) =
+        crate::tap::tap_with_budget(resp.len() / CHUNK + 16, 2 * resp.len());
     let obs = Observer::new(cfg(), Vec::new());
     let task = tokio::spawn(run_tap_observer(rx, obs));
     let t0 = Instant::now();
@@ -816,4 +817,51 @@ fn observer_cpu_per_call() {
             cpu.as_secs_f64() * 1e6 / N as f64
         );
     }
+}
+
+#[tokio::test]
+async fn call_whose_answer_may_be_in_a_tap_drop_makes_no_false_504() {
+    use bytes::Bytes;
+    // A budget that takes the requests and one small response, then drops the next chunk.
+    let budget = 1_000 + 3 * crate::tap::CHUNK_OVERHEAD;
+    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap_with_budget(64, budget);
+    let line = |v: Value| Bytes::from(format!("{v}\n"));
+    let t0 = Instant::now();
+    c2s.offer(t0, line(call(json!(1), "a", json!({}))));
+    c2s.offer(t0, line(call(json!(2), "b", json!({}))));
+    s2c.offer(t0 + Duration::from_millis(1), line(ok(json!(1))));
+    // Call 2's answer does not fit: dropped, so the next chunk comes after a gap.
+    let big = format!("{}\n", ok(json!(2))) + &" ".repeat(2_000);
+    s2c.offer(t0 + Duration::from_millis(2), Bytes::from(big));
+    let obs = Observer::new(cfg(), Vec::new());
+    let task = tokio::spawn(run_tap_observer(rx, obs));
+    // Once the observer has drained the tap, the budget is free again.
+    let limit = Instant::now() + Duration::from_secs(30);
+    let dropped = || stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(dropped(), 1, "the answer to call 2 was dropped");
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = dropped();
+        s2c.offer(t0 + Duration::from_millis(3), Bytes::from_static(b"\n"));
+        if dropped() == before {
+            break;
+        }
+        assert!(Instant::now() < limit, "the observer never drained the tap");
+    }
+    // A call started after the gap and never answered still times out as 504.
+    c2s.offer(
+        t0 + Duration::from_millis(4),
+        line(call(json!(3), "c", json!({}))),
+    );
+    c2s.close(t0 + Duration::from_millis(5));
+    s2c.close(t0 + Duration::from_millis(5));
+    let obs = task.await.expect("task");
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    let by_tool: Vec<(&str, u16)> = events
+        .iter()
+        .map(|e| (e.rec.action.as_str(), e.status))
+        .collect();
+    assert_eq!(by_tool, vec![("a", 200), ("c", 504)]);
+    assert_eq!(stats.unobserved, 1, "call b is counted, not reported");
+    assert!(stats.gaps >= 1);
 }

@@ -60,8 +60,8 @@ use relay::{Note, TapSlot};
 use crate::observe::EndCause;
 use crate::tap::TapSender;
 
-/// Size of one relay read. 64 KiB is the Linux pipe capacity: one read can empty a full pipe,
-/// and the tap's memory bound (`TAP_CAPACITY` × this) stays at 4 MiB.
+/// Size of one relay read. 64 KiB is the Linux pipe capacity: one read can empty a full pipe.
+/// (The tap's memory is bounded in bytes, `crate::tap::TAP_BUDGET_BYTES`, whatever the reads.)
 pub const READ_BUF: usize = 64 * 1024;
 
 /// After the client closed our stdin (and we closed the child's), how long the server may take

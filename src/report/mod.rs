@@ -82,6 +82,10 @@ impl EventSink for EventQueue {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
+
+    fn room(&self) -> usize {
+        self.tx.capacity()
+    }
 }
 
 /// Owns the batcher task; [`ReporterHandle::shutdown`] is the only way to end it early.

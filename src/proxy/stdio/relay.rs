@@ -52,6 +52,24 @@ impl TapSlot {
         }
     }
 
+    /// Announces that bytes were read and are about to be forwarded (see `TapSender::begin`).
+    fn begin(&self) {
+        if let Ok(guard) = self.0.lock() {
+            if let Some(tx) = guard.as_ref() {
+                tx.begin();
+            }
+        }
+    }
+
+    /// The announced bytes will not be offered.
+    fn settle(&self) {
+        if let Ok(guard) = self.0.lock() {
+            if let Some(tx) = guard.as_ref() {
+                tx.settle();
+            }
+        }
+    }
+
     /// Sends this direction's EOF marker and drops the sender. Idempotent.
     pub fn close(&self, seen: Instant) {
         let tx = match self.0.lock() {
@@ -116,8 +134,14 @@ pub fn client_to_server<W: Write + AsFd>(
         let Some(out) = output.as_mut() else {
             continue;
         };
+        if let Some(tap) = &tap {
+            tap.begin();
+        }
         if write_chunk(out, &buf[..n]).is_err() {
             output = None;
+            if let Some(tap) = &tap {
+                tap.settle();
+            }
             continue;
         }
         if let Some(tap) = &tap {
@@ -147,7 +171,13 @@ pub fn server_to_client<R: Read + AsFd>(
             Ok(n) => n,
         };
         let seen = Instant::now();
+        if let Some(tap) = &tap {
+            tap.begin();
+        }
         if write_chunk(&mut output, &buf[..n]).is_err() {
+            if let Some(tap) = &tap {
+                tap.settle();
+            }
             break Note::ClientGone;
         }
         if let Some(tap) = &tap {
