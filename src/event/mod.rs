@@ -159,7 +159,18 @@ pub fn new_event_id() -> String {
             .unwrap_or_default();
         b = n.to_le_bytes();
     }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hex_lower(&b)
+}
+
+/// Lower-case hex in one allocation (one `format!` per byte cost 16 per event).
+fn hex_lower(b: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        s.push(char::from(DIGITS[usize::from(x >> 4)]));
+        s.push(char::from(DIGITS[usize::from(x & 0x0f)]));
+    }
+    s
 }
 
 /// RFC 3339 UTC with milliseconds, e.g. `2026-11-29T19:13:27.123Z`.
@@ -170,4 +181,22 @@ pub fn rfc3339_ms(t: std::time::SystemTime) -> String {
     );
     dt.format(&fmt)
         .unwrap_or_else(|_| "1970-01-01T00:00:00.000Z".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_matches_two_digit_format() {
+        let b: Vec<u8> = (0..=255).collect();
+        let want: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        assert_eq!(hex_lower(&b), want);
+        let id = new_event_id();
+        assert_eq!(id.len(), 32);
+        assert!(id
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+        assert_ne!(id, new_event_id());
+    }
 }

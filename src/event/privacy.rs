@@ -12,6 +12,9 @@
 //! The denylist is matched as a substring of the normalised key and overrides everything,
 //! including `--capture`; it is compiled in and cannot be changed at run time.
 
+use std::sync::OnceLock;
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde_json::{Number, Value};
 
 /// Argument keys captured without any `--capture` flag: business metadata that describes what a
@@ -174,16 +177,61 @@ pub const SECRET_MARKERS: &[&str] = &[
 
 /// Lower case, separators (anything not alphanumeric) removed.
 pub fn normalize_key(key: &str) -> String {
+    if key.is_ascii() {
+        // Same result for ASCII (alphanumeric and lower case are the ASCII ones there), without
+        // the per-character Unicode case tables: every key of every call comes through here.
+        let mut out = String::with_capacity(key.len());
+        out.extend(
+            key.bytes()
+                .filter(u8::is_ascii_alphanumeric)
+                .map(|b| char::from(b.to_ascii_lowercase())),
+        );
+        return out;
+    }
     key.chars()
         .filter(|c| c.is_alphanumeric())
         .flat_map(char::to_lowercase)
         .collect()
 }
 
+/// One automaton per substring list, built on first use: every key and value of every call is
+/// checked, and one pass over the text for all patterns replaces one `contains` per pattern.
+/// Only *whether* some pattern occurs is asked, which no match kind or overlap changes.
+fn automaton(
+    cell: &'static OnceLock<Option<AhoCorasick>>,
+    patterns: &[&str],
+    ascii_ci: bool,
+) -> Option<&'static AhoCorasick> {
+    cell.get_or_init(|| {
+        AhoCorasickBuilder::new()
+            .ascii_case_insensitive(ascii_ci)
+            .match_kind(MatchKind::Standard)
+            .build(patterns)
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Does `text` contain any of `patterns`? Falls back to plain `contains` calls should the
+/// automaton ever fail to build (it cannot for these few short patterns), so the answer is the
+/// same either way.
+fn contains_any(
+    cell: &'static OnceLock<Option<AhoCorasick>>,
+    patterns: &[&str],
+    text: &str,
+) -> bool {
+    match automaton(cell, patterns, false) {
+        Some(ac) => ac.is_match(text),
+        None => patterns.iter().any(|p| text.contains(p)),
+    }
+}
+
+static PII_DENY_AC: OnceLock<Option<AhoCorasick>> = OnceLock::new();
+
 /// L2: is this key shaped like PII or a credential?
 pub fn is_pii_key(key: &str) -> bool {
     let k = normalize_key(key);
-    PII_DENY_SUBSTRINGS.iter().any(|d| k.contains(d))
+    contains_any(&PII_DENY_AC, PII_DENY_SUBSTRINGS, &k)
         || PII_DENY_SUFFIXES.iter().any(|d| k.ends_with(d))
         || PII_DENY_EXACT.iter().any(|d| k == *d)
 }
@@ -197,9 +245,18 @@ pub fn contains_sensitive(text: &str) -> bool {
         || contains_secret_marker(text)
 }
 
+static SECRET_MARKERS_AC: OnceLock<Option<AhoCorasick>> = OnceLock::new();
+
+/// The markers are lower-case ASCII, so an ASCII-case-insensitive match over the text is exactly
+/// "the ASCII-lower-cased text contains a marker", without building the lower-cased copy.
 fn contains_secret_marker(text: &str) -> bool {
-    let lower = text.to_ascii_lowercase();
-    SECRET_MARKERS.iter().any(|m| lower.contains(m))
+    match automaton(&SECRET_MARKERS_AC, SECRET_MARKERS, true) {
+        Some(ac) => ac.is_match(text),
+        None => {
+            let lower = text.to_ascii_lowercase();
+            SECRET_MARKERS.iter().any(|m| lower.contains(m))
+        }
+    }
 }
 
 /// Shortest and longest primary account numbers (ISO/IEC 7812).
@@ -436,6 +493,69 @@ impl CapturePolicy {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The automata must answer exactly what one `contains` per pattern answered.
+    fn plain_pii_substring(k: &str) -> bool {
+        PII_DENY_SUBSTRINGS.iter().any(|d| k.contains(d))
+    }
+
+    fn plain_secret_marker(text: &str) -> bool {
+        let lower = text.to_ascii_lowercase();
+        SECRET_MARKERS.iter().any(|m| lower.contains(m))
+    }
+
+    #[test]
+    fn automata_agree_with_plain_substring_search() {
+        let mut samples: Vec<String> = vec![
+            String::new(),
+            "SK_LIVE_abc".into(),
+            "Bearer x".into(),
+            "-----BEGIN RSA".into(),
+            "akIA123".into(),
+            "xoxb".into(),
+            "whsec".into(),
+            "plain text".into(),
+            "İstanbul ghp_x".into(),
+            "ǅemail".into(),
+        ];
+        for p in PII_DENY_SUBSTRINGS.iter().chain(SECRET_MARKERS) {
+            samples.push((*p).to_string());
+            samples.push(format!("x{p}y"));
+            samples.push(p.to_ascii_uppercase());
+            samples.push(p[..p.len() - 1].to_string());
+        }
+        for s in &samples {
+            let k = normalize_key(s);
+            assert_eq!(
+                contains_any(&PII_DENY_AC, PII_DENY_SUBSTRINGS, &k),
+                plain_pii_substring(&k),
+                "{k}"
+            );
+            assert_eq!(contains_secret_marker(s), plain_secret_marker(s), "{s}");
+        }
+    }
+
+    mod generated {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn ascii_fast_path_normalises_like_unicode(s in "[ -~]{0,80}") {
+                let slow: String = s.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect();
+                prop_assert_eq!(normalize_key(&s), slow);
+            }
+
+            #[test]
+            fn automata_agree_on_arbitrary_text(s in "(\\PC|sk_live_|BEARER |email|Card|token|ghp_){0,12}") {
+                let k = normalize_key(&s);
+                prop_assert_eq!(contains_any(&PII_DENY_AC, PII_DENY_SUBSTRINGS, &k), plain_pii_substring(&k));
+                prop_assert_eq!(contains_secret_marker(&s), plain_secret_marker(&s));
+            }
+        }
+    }
 
     #[test]
     fn builtin_allow_set_survives_the_denylist() {
