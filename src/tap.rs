@@ -262,15 +262,27 @@ impl Drop for TapSender {
     }
 }
 
+impl Queue {
+    /// Moves every queued message into `out` (swapping allocations, so `out`'s is reused) and
+    /// resets the budget counters; false when nothing was queued. The one place both receive
+    /// paths empty the queue, so the byte budget can never be left charged for taken messages.
+    fn take_all(&mut self, out: &mut VecDeque<TapMsg>) -> bool {
+        if self.msgs.is_empty() {
+            return false;
+        }
+        std::mem::swap(&mut self.msgs, out);
+        self.bytes = 0;
+        self.chunks = 0;
+        self.queued = [0, 0];
+        true
+    }
+}
+
 impl TapReceiver {
     /// Moves everything queued into `out` (which should be empty; its allocation is reused).
     pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
         let mut q = lock(&self.shared.state);
-        if !q.msgs.is_empty() {
-            std::mem::swap(&mut q.msgs, out);
-            q.bytes = 0;
-            q.chunks = 0;
-            q.queued = [0, 0];
+        if q.take_all(out) {
             return Drained::Some;
         }
         if q.senders == 0 {
@@ -286,11 +298,7 @@ impl TapReceiver {
         loop {
             {
                 let mut q = lock(&self.shared.state);
-                if !q.msgs.is_empty() {
-                    std::mem::swap(&mut q.msgs, out);
-                    q.bytes = 0;
-                    q.chunks = 0;
-                    q.queued = [0, 0];
+                if q.take_all(out) {
                     q.waiting = false;
                     return Drained::Some;
                 }
