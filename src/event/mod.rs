@@ -162,8 +162,9 @@ pub fn new_event_id() -> String {
     hex_lower(&b)
 }
 
-/// Lower-case hex in one allocation (one `format!` per byte cost 16 per event).
-fn hex_lower(b: &[u8]) -> String {
+/// Lower-case hex in one allocation (one `format!` per byte cost 16 per event). The crate's one
+/// hex encoder: event ids, catalog and session hashes, key ids.
+pub(crate) fn hex_lower(b: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(b.len() * 2);
     for x in b {

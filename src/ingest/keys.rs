@@ -65,11 +65,7 @@ fn random_bytes<const N: usize>() -> Result<[u8; N], IngestError> {
 /// A fresh key id: `k_` + 20 lower-case hex digits (fits `SensorToken`'s keyId rules).
 pub fn new_key_id() -> Result<String, IngestError> {
     let b = random_bytes::<KEY_ID_RANDOM_BYTES>()?;
-    let mut id = String::from(KEY_ID_PREFIX);
-    for x in b {
-        id.push_str(&format!("{x:02x}"));
-    }
-    Ok(id)
+    Ok(format!("{KEY_ID_PREFIX}{}", crate::event::hex_lower(&b)))
 }
 
 /// Writes `contents` to a new file readable by the owner only. Fails if the file exists, so two

@@ -114,12 +114,7 @@ fn fingerprint(tools: &mut [Value]) -> String {
     });
     let canon = Value::Array(tools.to_vec()).to_string();
     let digest = ring::digest::digest(&ring::digest::SHA256, canon.as_bytes());
-    digest
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>()[..REGISTRY_VERSION_HEX]
-        .to_string()
+    crate::event::hex_lower(&digest.as_ref()[..REGISTRY_VERSION_HEX / 2])
 }
 
 #[cfg(test)]

@@ -159,11 +159,7 @@ pub fn channel() -> (WatchTx, mpsc::Receiver<WatchMsg>) {
 /// SHA-256 of a raw `Mcp-Session-Id`, short lower-case hex. The raw value never leaves here.
 pub fn session_hash(raw: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, raw);
-    let mut out = String::with_capacity(SESSION_HASH_HEX);
-    for b in digest.as_ref().iter().take(SESSION_HASH_HEX / 2) {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    crate::event::hex_lower(&digest.as_ref()[..SESSION_HASH_HEX / 2])
 }
 
 /// How a response body is read for observation.
