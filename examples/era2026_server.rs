@@ -8,6 +8,9 @@
 //!   "round-1"}`; the client retries with a new id, echoing `requestState` and sending
 //!   `inputResponses`; after `rounds` rounds (default 1) the final result comes, with `delay_ms`
 //!   (argument, default 0) slept before it.
+//! * `tools/call export {bytes, is_error}` → a result whose text is `bytes` bytes long, written
+//!   in the TypeScript SDK's field order (`result` first, `id` last), with `isError` after the
+//!   content: a large message whose facts sit at its end.
 //! * `tools/call crash` → the process exits with code 3 without answering (a server dying
 //!   mid-call).
 //! * anything else with an id → JSON-RPC error −32601.
@@ -87,6 +90,19 @@ fn main() -> std::io::Result<()> {
             }
             "tools/call" if msg["params"]["name"] == "book_table" => call(&id, &msg["params"]),
             "tools/call" if msg["params"]["name"] == "crash" => std::process::exit(3),
+            "tools/call" if msg["params"]["name"] == "export" => {
+                let args = &msg["params"]["arguments"];
+                let n = args["bytes"].as_u64().unwrap_or(0) as usize;
+                let line = format!(
+                    r#"{{"result":{{"content":[{{"type":"text","text":"{}"}}],"isError":{}}},"jsonrpc":"2.0","id":{id}}}"#,
+                    "e".repeat(n),
+                    args["is_error"].as_bool().unwrap_or(false)
+                );
+                out.write_all(line.as_bytes())?;
+                out.write_all(b"\n")?;
+                out.flush()?;
+                continue;
+            }
             _ => {
                 json!({"jsonrpc":"2.0","id":id,"error":{"code":-32601,"message":"Method not found"}})
             }

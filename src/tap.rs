@@ -10,7 +10,9 @@
 //! chunks, so a burst of thousands of small messages is absorbed while memory stays bounded.
 //! A sender wakes the observer only when it is asleep with nothing to do; while it is busy or
 //! lingering (see `observe::run_tap_observer`) offers cost a lock and a push, no syscall.
-//! Must never block, never parse, never log per chunk.
+//! The sender also finds newlines (only newlines) so that of a frame too large for the
+//! observer to read whole only the head and tail cross (see [`Trim`]).
+//! Must never block, never parse JSON, never log per chunk.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,6 +21,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::Notify;
+
+use crate::observe::frame::{Summarize, SUMMARIZE};
+#[cfg(doc)]
+use crate::observe::frame::{SUMMARY_HEAD, SUMMARY_TAIL, WHOLE_FRAME_BYTES};
 
 /// Which way a message travels. Correlation is keyed by direction and id (DESIGN §2a).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,6 +59,10 @@ pub struct TapChunk {
     pub bytes: Bytes,
     /// One or more chunks before this one in the same direction were dropped.
     pub after_gap: bool,
+    /// Bytes of the current frame passed over right before this chunk: the middle of a frame
+    /// too large for the observer to read whole (see [`Trim`]). Not a gap: nothing was lost
+    /// that the observer needs, and the frame's length stays exact.
+    pub skipped: u64,
 }
 
 /// What travels through the tap channel.
@@ -73,6 +83,8 @@ pub struct TapStats {
     pub offered_bytes: [AtomicU64; 2],
     pub dropped_chunks: [AtomicU64; 2],
     pub dropped_bytes: [AtomicU64; 2],
+    /// Middles of large frames not passed on (see [`Trim`]).
+    pub skipped_bytes: [AtomicU64; 2],
 }
 
 /// Most chunks queued at once. Only a backstop against a flood of tiny reads: the byte budget
@@ -121,6 +133,103 @@ pub struct TapSender {
     shared: Arc<Shared>,
     dir: Direction,
     gap: bool,
+    trim: Trim,
+}
+
+/// The sender's view of frame boundaries, so that only what the observer reads of a large
+/// message crosses the tap. Every frame's first [`SUMMARY_HEAD`] bytes are passed at once. Beyond
+/// that a JSON object frame's chunks are held (zero-copy, they are the relay's own read
+/// buffers) until its newline: a frame that ends within [`WHOLE_FRAME_BYTES`] is then passed
+/// whole, a longer one only with its last [`SUMMARY_TAIL`] or more bytes, the middle counted in
+/// [`TapChunk::skipped`]. A 50 MB tool result thus costs the observer (and the tap's budget)
+/// what a 128 KiB one does. Frames that are not JSON objects (batches, non-JSON lines) pass
+/// whole as before. Costs the relay thread one newline search per chunk, on bytes it just
+/// read and that are still in cache.
+#[derive(Debug)]
+struct Trim {
+    limits: Summarize,
+    /// Bytes of the current frame read so far.
+    frame_len: u64,
+    /// The current frame's first non-blank byte, once seen.
+    first: Option<u8>,
+    held: VecDeque<(Instant, Bytes)>,
+    held_bytes: usize,
+    /// Bytes of the current frame dropped from the front of `held`.
+    skipped: u64,
+}
+
+impl Default for Trim {
+    fn default() -> Self {
+        Trim::new(SUMMARIZE)
+    }
+}
+
+impl Trim {
+    fn new(limits: Summarize) -> Trim {
+        Trim {
+            limits,
+            frame_len: 0,
+            first: None,
+            held: VecDeque::new(),
+            held_bytes: 0,
+            skipped: 0,
+        }
+    }
+
+    /// Takes one chunk as read; calls `pass` for every chunk (with the bytes skipped right
+    /// before it) the observer should get now, in order.
+    fn accept(&mut self, seen: Instant, bytes: Bytes, mut pass: impl FnMut(Instant, Bytes, u64)) {
+        let Some(first_nl) = memchr::memchr(b'\n', &bytes) else {
+            self.note_start(&bytes);
+            let before = self.frame_len;
+            self.frame_len += bytes.len() as u64;
+            // The chunk reaching past the head is passed too: the observer's head is then
+            // complete whatever the read sizes.
+            if before < self.limits.head as u64 || self.first != Some(b'{') {
+                pass(seen, bytes, 0);
+                return;
+            }
+            self.held_bytes += bytes.len();
+            self.held.push_back((seen, bytes));
+            if self.frame_len > self.limits.whole as u64 {
+                while let Some((_, front)) = self.held.front() {
+                    if self.held_bytes - front.len() < self.limits.tail {
+                        break;
+                    }
+                    self.held_bytes -= front.len();
+                    self.skipped += front.len() as u64;
+                    self.held.pop_front();
+                }
+            }
+            return;
+        };
+        let mut skipped = std::mem::take(&mut self.skipped);
+        for (at, b) in self.held.drain(..) {
+            pass(at, b, std::mem::take(&mut skipped));
+        }
+        self.held_bytes = 0;
+        let last_nl = memchr::memrchr(b'\n', &bytes).unwrap_or(first_nl);
+        let next = &bytes[last_nl + 1..];
+        self.frame_len = next.len() as u64;
+        self.first = None;
+        self.note_start(next);
+        pass(seen, bytes, skipped);
+    }
+
+    fn note_start(&mut self, b: &[u8]) {
+        if self.first.is_none() {
+            self.first = b.iter().copied().find(|c| !c.is_ascii_whitespace());
+        }
+    }
+
+    /// Everything still held (the direction ended inside a frame).
+    fn finish(&mut self, mut pass: impl FnMut(Instant, Bytes, u64)) {
+        let mut skipped = std::mem::take(&mut self.skipped);
+        for (at, b) in self.held.drain(..) {
+            pass(at, b, std::mem::take(&mut skipped));
+        }
+        self.held_bytes = 0;
+    }
 }
 
 /// The observer's receiving half.
@@ -170,11 +279,13 @@ pub fn tap_with_budget(
         shared: shared.clone(),
         dir: Direction::ClientToServer,
         gap: false,
+        trim: Trim::default(),
     };
     let s2c = TapSender {
         shared: shared.clone(),
         dir: Direction::ServerToClient,
         gap: false,
+        trim: Trim::default(),
     };
     (c2s, s2c, TapReceiver { shared }, stats)
 }
@@ -199,15 +310,29 @@ impl TapSender {
         self.shared.active[self.dir.index()].store(false, Ordering::SeqCst);
     }
 
-    /// Hands a copy of forwarded bytes to the observer. Never blocks on the observer (the lock
-    /// is held only for a queue push or swap) and wakes it only if it is asleep waiting for
-    /// work; counts a drop when the chunk or byte bound is reached.
+    /// Hands forwarded bytes to the observer (the relay's own buffer, no copy). Never blocks on
+    /// the observer (the lock is held only for queue pushes) and wakes it only if it is asleep
+    /// waiting for work; counts a drop when the chunk or byte bound is reached. The middle of a
+    /// large frame is held back and skipped (see [`Trim`]).
     pub fn offer(&mut self, seen: Instant, bytes: Bytes) {
+        let i = self.dir.index();
+        let stats = &self.shared.stats;
+        stats.offered_chunks[i].fetch_add(1, Ordering::Relaxed);
+        stats.offered_bytes[i].fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let mut trim = std::mem::take(&mut self.trim);
+        trim.accept(seen, bytes, |at, b, skipped| self.enqueue(at, b, skipped));
+        self.trim = trim;
+        // After the pushes (or drops): whoever sees `active` false finds the chunks queued.
+        self.settle();
+    }
+
+    fn enqueue(&mut self, seen: Instant, bytes: Bytes, skipped: u64) {
         let i = self.dir.index();
         let len = bytes.len();
         let stats = &self.shared.stats;
-        stats.offered_chunks[i].fetch_add(1, Ordering::Relaxed);
-        stats.offered_bytes[i].fetch_add(len as u64, Ordering::Relaxed);
+        if skipped > 0 {
+            stats.skipped_bytes[i].fetch_add(skipped, Ordering::Relaxed);
+        }
         let charge = len + CHUNK_OVERHEAD;
         let wake = {
             let mut q = lock(&self.shared.state);
@@ -219,6 +344,7 @@ impl TapSender {
                     seen,
                     bytes,
                     after_gap: self.gap,
+                    skipped,
                 }));
                 q.bytes += charge;
                 q.chunks += 1;
@@ -226,8 +352,6 @@ impl TapSender {
                 Some(std::mem::take(&mut q.waiting))
             }
         };
-        // After the push (or the drop): whoever sees `active` false finds the chunk queued.
-        self.settle();
         match wake {
             Some(wake) => {
                 self.gap = false;
@@ -245,7 +369,9 @@ impl TapSender {
 
     /// Signals EOF for this direction (never dropped: the marker is not charged against the
     /// bounds) and wakes the observer so the session's end is observed at once.
-    pub fn close(self, seen: Instant) {
+    pub fn close(mut self, seen: Instant) {
+        let mut trim = std::mem::take(&mut self.trim);
+        trim.finish(|at, b, skipped| self.enqueue(at, b, skipped));
         lock(&self.shared.state).msgs.push_back(TapMsg::Closed {
             dir: self.dir,
             seen,
@@ -416,6 +542,144 @@ mod tests {
         c2s.settle();
         assert!(rx.settled(d), "a failed write announces nothing");
         assert!(rx.settled(Direction::ServerToClient));
+    }
+
+    use crate::observe::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
+    use proptest::prelude::*;
+
+    const SMALL: Summarize = Summarize {
+        whole: 1024,
+        head: 128,
+        tail: 128,
+    };
+
+    fn collect(out: &mut Vec<String>) -> impl FnMut(Split<'_>) + '_ {
+        |s| {
+            out.push(match s {
+                Split::Frame(f) => format!("frame {}", String::from_utf8_lossy(f)),
+                Split::Summary { skeleton, len } => {
+                    format!("summary {len} {}", String::from_utf8_lossy(skeleton))
+                }
+                Split::Oversize(n) => format!("oversize {n}"),
+            })
+        }
+    }
+
+    /// What the observer's splitter makes of `chunks` when they pass through a sender's
+    /// [`Trim`], and how many bytes crossed.
+    fn via_trim(chunks: &[&[u8]]) -> (Vec<String>, usize) {
+        let mut trim = Trim::new(SMALL);
+        let mut split = FrameSplitter::with_limits(DEFAULT_FRAME_CAP, SMALL);
+        let mut out = Vec::new();
+        let mut crossed = 0;
+        let now = Instant::now();
+        for c in chunks {
+            trim.accept(now, Bytes::copy_from_slice(c), |_, b, skipped| {
+                crossed += b.len();
+                split.push(&b, false, skipped, collect(&mut out));
+            });
+        }
+        trim.finish(|_, b, skipped| {
+            crossed += b.len();
+            split.push(&b, false, skipped, collect(&mut out));
+        });
+        split.flush(collect(&mut out));
+        (out, crossed)
+    }
+
+    /// The same `chunks` fed to the splitter directly.
+    fn direct(chunks: &[&[u8]]) -> Vec<String> {
+        let mut split = FrameSplitter::with_limits(DEFAULT_FRAME_CAP, SMALL);
+        let mut out = Vec::new();
+        for c in chunks {
+            split.push(c, false, 0, collect(&mut out));
+        }
+        split.flush(collect(&mut out));
+        out
+    }
+
+    #[test]
+    fn trim_passes_head_and_tail_of_a_large_frame_only() {
+        let big = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{{\"text\":\"{}\",\"isError\":false}}}}\n",
+            "b".repeat(50_000)
+        );
+        let chunks: Vec<&[u8]> = big.as_bytes().chunks(100).collect();
+        let (got, crossed) = via_trim(&chunks);
+        assert_eq!(got, direct(&chunks));
+        assert_eq!(got.len(), 1);
+        assert!(
+            got[0].starts_with(&format!("summary {} ", big.len() - 1)),
+            "{}",
+            got[0]
+        );
+        assert!(got[0].contains("\"id\":4") && got[0].contains("\"isError\":false"));
+        // The head (plus the chunk reaching past it), the tail (plus the chunk reaching into it),
+        // and the chunk with the newline.
+        assert!(
+            crossed <= SMALL.head + SMALL.tail + 3 * 100,
+            "{crossed} bytes crossed"
+        );
+    }
+
+    #[test]
+    fn trim_passes_mid_sized_frames_and_batches_whole() {
+        let mid = format!("{{\"id\":1,\"t\":\"{}\"}}\n", "m".repeat(600));
+        let batch = format!("[{}1]\n", "1,".repeat(3000));
+        let stream = format!("{mid}{batch}");
+        let chunks: Vec<&[u8]> = stream.as_bytes().chunks(64).collect();
+        let (got, crossed) = via_trim(&chunks);
+        assert_eq!(crossed, stream.len());
+        assert_eq!(got, direct(&chunks));
+        assert!(got[0].starts_with("frame {"));
+        assert!(got[1].starts_with("frame ["));
+    }
+
+    /// One frame of a generated stream.
+    fn frame_strategy() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0usize..3000, any::<bool>()).prop_map(|(n, e)| format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{n},\"result\":{{\"t\":\"{}\",\"isError\":{e}}}}}",
+                "q\\\"".repeat(n / 3)
+            )),
+            (0usize..1500).prop_map(|n| format!("[{}0]", "0,".repeat(n))),
+            "[a-z {}\":,]{0,40}",
+            (0usize..3000).prop_map(|n| format!("  {{\"id\":1,\"x\":\"{}", "w".repeat(n))),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the frames and however they are read, the observer's splitter makes the
+        /// same frames and summaries of what crosses the tap as of the whole stream.
+        #[test]
+        fn trim_never_changes_what_the_observer_sees(
+            frames in prop::collection::vec(frame_strategy(), 0..12),
+            crlf in any::<bool>(),
+            open_end in any::<bool>(),
+            cuts in prop::collection::vec(0usize..40_000, 0..40),
+        ) {
+            let mut stream = Vec::new();
+            for f in &frames {
+                stream.extend_from_slice(f.as_bytes());
+                stream.extend_from_slice(if crlf { b"\r\n" } else { b"\n" });
+            }
+            if open_end {
+                stream.extend_from_slice(b"{\"id\":2,\"y\":\"");
+                stream.extend(std::iter::repeat_n(b'z', 2000));
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (stream.len() + 1)).collect();
+            cuts.push(stream.len());
+            cuts.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut prev = 0;
+            for c in cuts {
+                chunks.push(&stream[prev..c]);
+                prev = c;
+            }
+            let chunks: Vec<&[u8]> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
+            let (got, _) = via_trim(&chunks);
+            prop_assert_eq!(got, direct(&chunks));
+        }
     }
 
     #[tokio::test]

@@ -554,6 +554,45 @@ fn server_exiting_mid_call_is_502_and_the_exit_code_propagates() {
     assert_eq!(end.events[0]["err"], json!({"kind": "transport"}));
 }
 
+#[test]
+fn large_results_are_observed_from_their_ends() {
+    // 5 MB and 3 MB results with `id` and `isError` after the text (the TypeScript SDK's
+    // order): the observer reads only their first and last bytes, and still gets status and
+    // size right; the client gets every byte.
+    let mut s = Session::start("era2026_server", &["--debug"], &[]);
+    let (_, d) = s.request(json!(1), "server/discover", json!({}));
+    assert_eq!(d["result"]["serverInfo"]["name"], "era2026");
+    let sizes = [(5_000_000u64, true), (3_000_000, false), (1_000, true)];
+    for (i, (n, is_error)) in sizes.into_iter().enumerate() {
+        let args = json!({"bytes": n, "is_error": is_error});
+        let (_, r) = s.call(10 + i as i64, "export", args);
+        let text = r["result"]["content"][0]["text"].as_str().unwrap_or("");
+        assert_eq!(text.len() as u64, n);
+        assert_eq!(r["result"]["isError"], is_error);
+    }
+    let end = s.end();
+    assert_eq!(end.events.len(), 3, "{:?}", end.events);
+    for (e, (n, is_error)) in end.events.iter().zip(sizes) {
+        assert_eq!(e["rec"]["action"], "export");
+        assert_eq!(e["status"], if is_error { 500 } else { 200 }, "{e}");
+        let resp = e["bytes"]["resp"].as_u64().unwrap_or(0);
+        assert!((n..n + 200).contains(&resp), "bytes.resp {resp} for {n}");
+    }
+    assert!(end.stderr.contains("summarized=2"), "{}", end.stderr);
+    let skipped = end
+        .stderr
+        .split("tap_skipped_bytes_s2c=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|d| d.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(
+        skipped > 7_000_000,
+        "the tap passed the middles on: {}",
+        end.stderr
+    );
+}
+
 mod rmcp_client {
     //! The same wrapper and server, driven by the official Rust SDK's client: its framing, id
     //! allocation and answers to sampling and elicitation are what a real agent sends.

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use bounded_observe_mcp::event::{
     filter_event, validate_and_filter_event, Batch, Event, SensorInfo,
 };
+use bounded_observe_mcp::observe::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
 use bounded_observe_mcp::observe::{EndCause, Observer, ObserverConfig, StreamId, Transport};
 use bounded_observe_mcp::tap::Direction;
 use proptest::prelude::*;
@@ -196,10 +197,33 @@ fn observer() -> Observer<Vec<Event>> {
     )
 }
 
-/// Runs one call through observer → L3 → batch and returns the serialized batch.
-fn sensor_output(args: &Map<String, Value>, meta: Option<Value>) -> String {
+/// Feeds one message to the observer the way the stdio tap does: through a frame splitter, in
+/// 64 KiB reads, so a message over the whole-frame limit is observed as its summary.
+fn observe_line(obs: &mut Observer<Vec<Event>>, dir: Direction, at: Instant, msg: &str) {
+    let mut split = FrameSplitter::new(DEFAULT_FRAME_CAP);
+    let line = format!("{msg}\n");
+    for piece in line.as_bytes().chunks(64 * 1024) {
+        split.push(piece, false, 0, |s| match s {
+            Split::Frame(f) => obs.on_frame(StreamId(0), dir, at, f),
+            Split::Summary { skeleton, len } => {
+                obs.on_summary_frame(StreamId(0), dir, at, skeleton, len)
+            }
+            Split::Oversize(n) => panic!("a {n}-byte message was not observed"),
+        });
+    }
+}
+
+/// Runs one call through observer → L3 → batch and returns the serialized batch. With
+/// `blob`, the arguments also carry a string of that many bytes (sorted between the planted
+/// keys), so request and response are observed from their first and last bytes only.
+fn sensor_output(args: &Map<String, Value>, meta: Option<Value>, blob: Option<usize>) -> String {
     let mut obs = observer();
     let t0 = Instant::now();
+    let mut args = args.clone();
+    if let Some(n) = blob {
+        args.insert("m_blob".into(), Value::String("b".repeat(n)));
+    }
+    let args = &args;
     let mut params = json!({"name": "issue_refund", "arguments": args});
     if let Some(m) = meta {
         params["_meta"] = m;
@@ -208,15 +232,14 @@ fn sensor_output(args: &Map<String, Value>, meta: Option<Value>) -> String {
     let resp = json!({"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":
         serde_json::to_string(args).unwrap_or_default()}]}})
     .to_string();
-    obs.on_frame(StreamId(0), Direction::ClientToServer, t0, req.as_bytes());
-    obs.on_frame(
-        StreamId(0),
-        Direction::ServerToClient,
-        t0 + Duration::from_millis(3),
-        resp.as_bytes(),
-    );
-    let (_, events) = obs.finish(t0 + Duration::from_millis(5), EndCause::SessionEnd);
+    observe_line(&mut obs, Direction::ClientToServer, t0, &req);
+    let at = t0 + Duration::from_millis(3);
+    observe_line(&mut obs, Direction::ServerToClient, at, &resp);
+    let (stats, events) = obs.finish(t0 + Duration::from_millis(5), EndCause::SessionEnd);
     assert_eq!(events.len(), 1);
+    assert_eq!(stats.summarized, if blob.is_some() { 2 } else { 0 });
+    assert_eq!(events[0].bytes.req, req.len() as u64);
+    assert_eq!(events[0].bytes.resp, resp.len() as u64);
     let batch = Batch {
         v: 2,
         sensor: SensorInfo {
@@ -256,7 +279,7 @@ proptest! {
         }
         // The on-behalf-of id is opaque by contract; an e-mail or card there is still dropped.
         let meta = json!({"bounded/onBehalfOf": obo.value});
-        let out = sensor_output(&args, Some(meta));
+        let out = sensor_output(&args, Some(meta), None);
         for p in &planted {
             if !may_leak(p) {
                 // Another planted value may legitimately carry the same needle (vanishingly
@@ -314,6 +337,50 @@ proptest! {
         }
         if extra.detectable {
             prop_assert!(!out.contains(&extra.needle), "{out}");
+        }
+    }
+}
+
+proptest! {
+    // Each case builds and splits two messages of over a megabyte.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The same, with the call's request and result too large to read whole: what the
+    /// observer builds from their first and last bytes obeys the same rule.
+    #[test]
+    fn canaries_around_a_large_argument_never_leave_the_sensor(
+        placements in prop::collection::vec(placement(), 1..8),
+        obo in canary(),
+        blob in 1_100_000usize..1_300_000,
+    ) {
+        let mut args = Map::new();
+        let mut planted: Vec<&Placement> = Vec::new();
+        for (i, p) in placements.iter().enumerate() {
+            if args.contains_key(&p.key) {
+                continue;
+            }
+            let v = if p.nested {
+                if i % 2 == 0 { json!({"inner": p.canary.value}) } else { json!([p.canary.value]) }
+            } else {
+                p.canary.value.clone()
+            };
+            args.insert(p.key.clone(), v);
+            planted.push(p);
+        }
+        let meta = json!({"bounded/onBehalfOf": obo.value});
+        let out = sensor_output(&args, Some(meta), Some(blob));
+        prop_assert!(!out.contains("bbbbbbbb"), "part of the large argument left: {out}");
+        for p in &planted {
+            if !may_leak(p) {
+                let shared = planted.iter().any(|q| may_leak(q) && q.canary.needle == p.canary.needle);
+                prop_assert!(
+                    shared || !out.contains(&p.canary.needle),
+                    "canary {:?} under {:?} (nested: {}) leaked: {out}", p.canary.needle, p.key, p.nested
+                );
+            }
+        }
+        if obo.detectable {
+            prop_assert!(!out.contains(&obo.needle), "onBehalfOf canary leaked: {out}");
         }
     }
 }
@@ -444,7 +511,11 @@ fn an_opaque_value_under_an_allowed_key_is_captured_so_the_canary_checks_can_fai
     let mut args = Map::new();
     args.insert("reason".into(), json!("QXABCD123456"));
     args.insert("note".into(), json!("QXNOTE000001"));
-    let out = sensor_output(&args, None);
-    assert!(out.contains("QXABCD123456"), "{out}");
-    assert!(!out.contains("QXNOTE000001"), "{out}");
+    args.insert("amount_cents".into(), json!(4900));
+    for blob in [None, Some(2_000_000)] {
+        let out = sensor_output(&args, None, blob);
+        assert!(out.contains("QXABCD123456"), "{out}");
+        assert!(out.contains(r#""amount_cents":4900"#), "{out}");
+        assert!(!out.contains("QXNOTE000001"), "{out}");
+    }
 }

@@ -2,20 +2,53 @@
 //!
 //! Goes in: chunks as the relay read them (any size, any split point, possibly with gaps where
 //! the tap dropped chunks). Comes out: whole frames (one JSON-RPC message or batch, without the
-//! newline and a trailing `\r`), or, for a frame longer than the cap, only its length. Memory is
-//! bounded by the cap: a frame is held only until its newline, a frame over the cap is measured
-//! and discarded as it streams past, and a buffer grown for a large frame is released after use.
+//! newline and a trailing `\r`); for a JSON object frame over [`WHOLE_FRAME_BYTES`], a small
+//! skeleton built from its first and last bytes; for any other frame longer than the cap, only its
+//! length. Memory is bounded: a frame is held only until its newline, a large object keeps only
+//! its head and tail, a frame over the cap is measured and discarded as it streams past, and a
+//! buffer grown for a large frame is released after use.
 //! Never parses JSON (apart from [`split_batch`], which only finds element boundaries).
 
 use std::ops::Range;
 
-/// Largest frame held for parsing, in bytes. Large enough that a 50 MB tool result is still
-/// correlated; beyond it a frame is counted and measured, not parsed (its call then ends as a
-/// timeout). Bounds the observer's buffer per direction.
+/// Largest frame held for parsing when it is not a JSON object (a batch, or not JSON at all).
+/// Beyond it a frame is counted and measured, not parsed. Bounds the observer's buffer per
+/// direction.
 pub const DEFAULT_FRAME_CAP: usize = 64 * 1024 * 1024;
 
+/// Largest JSON object frame parsed whole. A larger one (a multi-megabyte tool result, a large
+/// upload in the arguments) is observed from its first [`SUMMARY_HEAD`] and last
+/// [`SUMMARY_TAIL`] bytes (see [`super::summary`]); the tap does not even pass its middle on
+/// (see `crate::tap`). 1 MiB keeps every ordinary message, tool catalogs included, whole.
+pub const WHOLE_FRAME_BYTES: usize = 1024 * 1024;
+
+/// Bytes kept from the start of a frame larger than [`WHOLE_FRAME_BYTES`].
+pub const SUMMARY_HEAD: usize = 64 * 1024;
+
+/// Bytes kept from the end of a frame larger than [`WHOLE_FRAME_BYTES`].
+pub const SUMMARY_TAIL: usize = 64 * 1024;
+
+/// Where large JSON object frames start and how much of them is kept; shared by the splitter
+/// and the tap's sender so both agree on what the observer needs (tests shrink them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summarize {
+    /// Largest object frame held whole.
+    pub whole: usize,
+    /// Bytes kept from the start of a larger one.
+    pub head: usize,
+    /// Bytes kept from its end.
+    pub tail: usize,
+}
+
+/// The limits in use: [`WHOLE_FRAME_BYTES`], [`SUMMARY_HEAD`], [`SUMMARY_TAIL`].
+pub const SUMMARIZE: Summarize = Summarize {
+    whole: WHOLE_FRAME_BYTES,
+    head: SUMMARY_HEAD,
+    tail: SUMMARY_TAIL,
+};
+
 /// A buffer that grew beyond this for one large frame is given back after that frame, so a
-/// single 50 MB response does not pin 50 MB for the rest of the session.
+/// single large message does not pin its size for the rest of the session.
 const KEEP_BUFFER_BYTES: usize = 1024 * 1024;
 
 /// One result of splitting.
@@ -24,8 +57,81 @@ pub enum Split<'a> {
     /// A complete frame without its line ending (empty for a blank line: still a frame for the
     /// counters, never a message).
     Frame(&'a [u8]),
-    /// A frame longer than the cap ended; only its length (without line ending) is known.
+    /// A JSON object frame larger than [`WHOLE_FRAME_BYTES`] ended: a skeleton built from its
+    /// first and last bytes (see [`super::summary::skeleton`]) and its length.
+    Summary { skeleton: &'a [u8], len: u64 },
+    /// A frame that could not be parsed ended (over the cap, or too large and not joinable):
+    /// only its length (without line ending) is known.
     Oversize(u64),
+}
+
+/// The first and last bytes of a frame too large to hold whole.
+#[derive(Debug)]
+struct Large {
+    limits: Summarize,
+    head: Vec<u8>,
+    /// The head is still being filled: every byte of the frame so far is in it.
+    head_open: bool,
+    /// The latest bytes, contiguous up to the newest one; at least `limits.tail` of them once
+    /// that many went past since the head or the last skip.
+    tail: Vec<u8>,
+    len: u64,
+}
+
+impl Large {
+    /// Starts from the frame's bytes so far, `a` then `b`.
+    fn start(limits: Summarize, a: &[u8], b: &[u8]) -> Large {
+        let mut l = Large {
+            limits,
+            head: Vec::new(),
+            head_open: true,
+            tail: Vec::new(),
+            len: 0,
+        };
+        l.more(a);
+        l.more(b);
+        l
+    }
+
+    /// `n` bytes of the frame went past unseen: the tail starts again after them.
+    fn skip(&mut self, n: u64) {
+        self.len += n;
+        self.head_open = false;
+        self.tail.clear();
+    }
+
+    fn more(&mut self, mut seg: &[u8]) {
+        self.len += seg.len() as u64;
+        if self.head_open {
+            let take = seg.len().min(self.limits.head - self.head.len());
+            self.head.extend_from_slice(&seg[..take]);
+            seg = &seg[take..];
+            self.head_open = self.head.len() < self.limits.head;
+        }
+        let tail = self.limits.tail;
+        let seg = &seg[seg.len().saturating_sub(tail)..];
+        if self.tail.len() + seg.len() > 2 * tail {
+            let keep = tail.saturating_sub(seg.len()).min(self.tail.len());
+            self.tail.drain(..self.tail.len() - keep);
+        }
+        self.tail.extend_from_slice(seg);
+    }
+
+    fn finish(self, out: &mut impl FnMut(Split<'_>)) {
+        let len = if self.tail.ends_with(b"\r") {
+            self.len.saturating_sub(1)
+        } else {
+            self.len
+        };
+        // Exactly the last `tail` bytes, however the frame was chunked, so the skeleton does not
+        // depend on read sizes.
+        let tail = trim_cr(&self.tail);
+        let tail = &tail[tail.len().saturating_sub(self.limits.tail)..];
+        match super::summary::skeleton(&self.head, tail) {
+            Some(s) => out(Split::Summary { skeleton: &s, len }),
+            None => out(Split::Oversize(len)),
+        }
+    }
 }
 
 /// Per-direction newline splitter.
@@ -33,8 +139,11 @@ pub enum Split<'a> {
 pub struct FrameSplitter {
     buf: Vec<u8>,
     cap: usize,
+    limits: Summarize,
     /// `Some(n)`: inside an oversize frame, `n` bytes seen so far.
     oversize: Option<u64>,
+    /// Inside a JSON object frame larger than `whole`.
+    large: Option<Large>,
     /// Skipping the damaged remainder of a frame after a gap, up to the next newline.
     resync: bool,
 }
@@ -49,24 +158,68 @@ fn trim_cr(f: &[u8]) -> &[u8] {
     f.strip_suffix(b"\r").unwrap_or(f)
 }
 
+/// The frame made of `a` then `b` starts with `{` (after whitespace).
+fn starts_object(a: &[u8], b: &[u8]) -> bool {
+    a.iter().chain(b).find(|c| !c.is_ascii_whitespace()) == Some(&b'{')
+}
+
 impl FrameSplitter {
+    /// A splitter holding at most `cap` bytes of a frame; JSON objects over
+    /// [`WHOLE_FRAME_BYTES`] (or `cap`, if smaller) are summarised.
     pub fn new(cap: usize) -> Self {
+        FrameSplitter::with_limits(cap, SUMMARIZE)
+    }
+
+    /// [`FrameSplitter::new`] with explicit summary limits (tests use small ones). `whole` must
+    /// be at least `head + tail`, so the two never overlap.
+    pub fn with_limits(cap: usize, limits: Summarize) -> Self {
+        let cap = cap.max(1);
+        let head = limits.head.max(1);
+        let tail = limits.tail.max(1);
         FrameSplitter {
             buf: Vec::new(),
-            cap: cap.max(1),
+            cap,
+            limits: Summarize {
+                whole: limits.whole.clamp(head + tail, cap.max(head + tail)),
+                head,
+                tail,
+            },
             oversize: None,
+            large: None,
             resync: false,
         }
     }
 
     /// Feeds one chunk; `out` is called for every frame the chunk completes. `after_gap`: chunks
     /// before this one were lost, so whatever is buffered is damaged and this chunk's bytes up to
-    /// its first newline belong to a damaged frame: both are discarded.
-    pub fn push(&mut self, chunk: &[u8], after_gap: bool, mut out: impl FnMut(Split<'_>)) {
+    /// its first newline belong to a damaged frame: both are discarded. `skipped`: the tap
+    /// passed over this many bytes of the current frame right before this chunk (the middle of
+    /// a large frame, see `crate::tap`).
+    pub fn push(
+        &mut self,
+        chunk: &[u8],
+        after_gap: bool,
+        skipped: u64,
+        mut out: impl FnMut(Split<'_>),
+    ) {
         if after_gap {
             self.buf.clear();
             self.oversize = None;
+            self.large = None;
             self.resync = true;
+        }
+        if skipped > 0 && !self.resync {
+            if let Some(n) = self.oversize.as_mut() {
+                *n += skipped;
+            } else {
+                let mut l = match self.large.take() {
+                    Some(l) => l,
+                    None => Large::start(self.limits, &self.buf, &[]),
+                };
+                l.skip(skipped);
+                self.large = Some(l);
+                self.release();
+            }
         }
         let mut rest = chunk;
         while !rest.is_empty() {
@@ -94,8 +247,28 @@ impl FrameSplitter {
                 }
                 continue;
             }
-            if self.buf.len() + seg.len() > self.cap {
-                self.oversize = Some((self.buf.len() + seg.len()) as u64);
+            if let Some(l) = self.large.as_mut() {
+                l.more(seg);
+                if complete {
+                    if let Some(l) = self.large.take() {
+                        l.finish(&mut out);
+                    }
+                }
+                continue;
+            }
+            let total = self.buf.len() + seg.len();
+            if total > self.limits.whole && starts_object(&self.buf, seg) {
+                let l = Large::start(self.limits, &self.buf, seg);
+                self.release();
+                if complete {
+                    l.finish(&mut out);
+                } else {
+                    self.large = Some(l);
+                }
+                continue;
+            }
+            if total > self.cap {
+                self.oversize = Some(total as u64);
                 self.release();
                 if complete {
                     let total = trimmed_len(self.oversize.take().unwrap_or(0), seg);
@@ -129,6 +302,10 @@ impl FrameSplitter {
             out(Split::Oversize(n));
             return;
         }
+        if let Some(l) = self.large.take() {
+            l.finish(&mut out);
+            return;
+        }
         if !self.buf.is_empty() {
             let f = trim_cr(&self.buf);
             if !f.is_empty() {
@@ -141,6 +318,10 @@ impl FrameSplitter {
     /// Bytes currently held (for tests of the memory bound).
     pub fn buffered_capacity(&self) -> usize {
         self.buf.capacity()
+            + self
+                .large
+                .as_ref()
+                .map_or(0, |l| l.head.capacity() + l.tail.capacity())
     }
 
     fn release(&mut self) {
@@ -235,11 +416,75 @@ mod tests {
 
     fn run(s: &mut FrameSplitter, chunk: &[u8], gap: bool) -> Vec<Result<Vec<u8>, u64>> {
         let mut v = Vec::new();
-        s.push(chunk, gap, |f| match f {
+        s.push(chunk, gap, 0, |f| match f {
             Split::Frame(b) => v.push(Ok(b.to_vec())),
+            Split::Summary { skeleton, len } => {
+                let mut b = format!("summary:{len}:").into_bytes();
+                b.extend_from_slice(skeleton);
+                v.push(Ok(b))
+            }
             Split::Oversize(n) => v.push(Err(n)),
         });
         v
+    }
+
+    /// A `tools/call` result of `n` bytes of text, rmcp's field order.
+    fn big_result(id: u64, n: usize, is_error: bool) -> Vec<u8> {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"{}"}}],"isError":{is_error}}}}}"#,
+            "x".repeat(n)
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn large_objects_are_summarised_from_head_and_tail() {
+        let limits = Summarize {
+            whole: 4096,
+            head: 256,
+            tail: 256,
+        };
+        let mut s = FrameSplitter::with_limits(DEFAULT_FRAME_CAP, limits);
+        let mut stream = big_result(9, 20_000, true);
+        stream.extend_from_slice(b"\r\n{\"jsonrpc\":\"2.0\",\"id\":10,\"result\":{}}\n");
+        let mut got = Vec::new();
+        for piece in stream.chunks(1000) {
+            got.extend(run(&mut s, piece, false));
+            assert!(s.buffered_capacity() <= 4096 + 1000 + 2 * 256 + 1000);
+        }
+        assert_eq!(got.len(), 2);
+        let first = String::from_utf8(got[0].clone().expect("summary")).expect("utf8");
+        let want_len = big_result(9, 20_000, true).len();
+        let (prefix, skeleton) = first.split_at(format!("summary:{want_len}:").len());
+        assert_eq!(prefix, format!("summary:{want_len}:"));
+        let v: serde_json::Value = serde_json::from_str(skeleton).expect("skeleton is JSON");
+        assert_eq!(v["id"], 9);
+        assert_eq!(v["result"]["isError"], true);
+        assert!(skeleton.len() <= 512);
+        assert_eq!(
+            got[1],
+            Ok(b"{\"jsonrpc\":\"2.0\",\"id\":10,\"result\":{}}".to_vec())
+        );
+    }
+
+    #[test]
+    fn large_batches_and_non_json_lines_are_not_summarised() {
+        let limits = Summarize {
+            whole: 1024,
+            head: 256,
+            tail: 256,
+        };
+        let mut s = FrameSplitter::with_limits(8192, limits);
+        let batch = format!("[{}]\n", "1,".repeat(1000) + "1");
+        let got = run(&mut s, batch.as_bytes(), false);
+        assert_eq!(got, vec![Ok(batch.trim_end().as_bytes().to_vec())]);
+        let line = format!("{}\n", "y".repeat(3000));
+        assert_eq!(
+            run(&mut s, line.as_bytes(), false),
+            vec![Ok(vec![b'y'; 3000])]
+        );
+        let junk = format!("{{{}\n", "y".repeat(3000));
+        assert_eq!(run(&mut s, junk.as_bytes(), false), vec![Err(3001)]);
     }
 
     #[test]
@@ -277,6 +522,7 @@ mod tests {
     #[test]
     fn large_buffers_are_released_after_use() {
         let mut s = FrameSplitter::new(DEFAULT_FRAME_CAP);
+        // Not an object, so held whole up to the cap.
         let big = vec![b'x'; 3 * KEEP_BUFFER_BYTES];
         assert!(run(&mut s, &big, false).is_empty());
         let got = run(&mut s, b"\n", false);

@@ -48,6 +48,7 @@ pub mod correlate;
 pub mod frame;
 pub mod peek;
 pub mod priority;
+pub mod summary;
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime};
@@ -126,8 +127,12 @@ pub struct ObserverStats {
     pub non_json: u64,
     /// JSON, but not a JSON-RPC message of the expected shape (wrong field types, not an object).
     pub malformed: u64,
-    /// Frames over the frame cap: measured, not parsed.
+    /// Frames that could not be parsed (over the frame cap, or too large and not summarisable):
+    /// measured, not parsed.
     pub oversize: u64,
+    /// JSON object frames over `frame::WHOLE_FRAME_BYTES`, observed from their first and last
+    /// bytes (see [`summary`]).
+    pub summarized: u64,
     /// Requests reusing an id still pending in the same scope and direction.
     pub duplicate_ids: u64,
     /// Responses to no pending request (unknown id, or a second response).
@@ -182,6 +187,33 @@ struct Warned {
     duplicate: bool,
     orphan: bool,
     gap: bool,
+    partial_catalog: bool,
+}
+
+/// How big a message really was, and whether the observer saw all of it.
+#[derive(Debug, Clone, Copy)]
+struct Size {
+    /// Bytes on the wire (the message's own, not its skeleton's).
+    len: u64,
+    /// Seen as a skeleton of its first and last bytes (see [`summary`]).
+    partial: bool,
+}
+
+impl Size {
+    fn whole(len: usize) -> Size {
+        Size {
+            len: len as u64,
+            partial: false,
+        }
+    }
+}
+
+/// A response kept until its request is observed (see [`EARLY_RESPONSE_GRACE`]).
+struct Early {
+    /// A copy of the message (of its skeleton, for a summarised frame).
+    msg: Vec<u8>,
+    seen: Instant,
+    size: Size,
 }
 
 fn opposite(d: Direction) -> Direction {
@@ -218,8 +250,8 @@ pub struct Observer<S: EventSink> {
     actions: HashMap<u64, Action>,
     next_action: u64,
     scopes: HashMap<StreamId, ScopeInfo>,
-    /// Responses seen before their request (see [`EARLY_RESPONSE_GRACE`]): message copy, seen.
-    early: HashMap<Key, (Vec<u8>, Instant)>,
+    /// Responses seen before their request (see [`EARLY_RESPONSE_GRACE`]).
+    early: HashMap<Key, Early>,
     early_bytes: usize,
     /// Stdio: one random session id per wrapper process.
     stdio_session: String,
@@ -280,17 +312,36 @@ impl<S: EventSink> Observer<S> {
             match split_batch(frame) {
                 Some(elements) => {
                     for r in elements {
-                        self.on_message(stream, dir, seen, &frame[r]);
+                        let size = Size::whole(r.len());
+                        self.on_message(stream, dir, seen, &frame[r], size);
                     }
                 }
                 None => self.count_non_json(),
             }
         } else {
-            self.on_message(stream, dir, seen, frame);
+            self.on_message(stream, dir, seen, frame, Size::whole(frame.len()));
         }
     }
 
-    /// A frame longer than the cap went past: counted and measured, not parsed.
+    /// A JSON object frame of `len` bytes, too large to hold whole, seen as the `skeleton` built
+    /// from its first and last bytes (see [`summary`]).
+    pub fn on_summary_frame(
+        &mut self,
+        stream: StreamId,
+        dir: Direction,
+        seen: Instant,
+        skeleton: &[u8],
+        len: u64,
+    ) {
+        self.stats.frames[dir.index()] += 1;
+        self.stats.bytes[dir.index()] += len;
+        self.stats.summarized += 1;
+        let size = Size { len, partial: true };
+        self.on_message(stream, dir, seen, skeleton, size);
+    }
+
+    /// A frame that could not be parsed went past (longer than the cap, or a large object whose
+    /// first and last bytes do not join into a skeleton): counted and measured.
     pub fn on_oversize_frame(&mut self, dir: Direction, len: u64) {
         self.stats.frames[dir.index()] += 1;
         self.stats.bytes[dir.index()] += len;
@@ -299,8 +350,8 @@ impl<S: EventSink> Observer<S> {
             self.warned.oversize = true;
             tracing::warn!(
                 len,
-                cap = frame::DEFAULT_FRAME_CAP,
-                "A message is larger than the frame cap: relayed unchanged, not observed"
+                "A message is too large to observe (over the frame cap, or its ends are not \
+                 JSON): relayed unchanged, not observed"
             );
         }
     }
@@ -393,14 +444,14 @@ impl<S: EventSink> Observer<S> {
         let stale: Vec<Key> = self
             .early
             .iter()
-            .filter(|(_, (_, seen))| {
-                now.is_none_or(|n| n.saturating_duration_since(*seen) > EARLY_RESPONSE_GRACE)
+            .filter(|(_, e)| {
+                now.is_none_or(|n| n.saturating_duration_since(e.seen) > EARLY_RESPONSE_GRACE)
             })
             .map(|(k, _)| k.clone())
             .collect();
         for k in stale {
-            if let Some((msg, _)) = self.early.remove(&k) {
-                self.early_bytes -= msg.len();
+            if let Some(e) = self.early.remove(&k) {
+                self.early_bytes -= e.msg.len();
                 self.count_orphan(k.dir);
             }
         }
@@ -477,7 +528,14 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
-    fn on_message(&mut self, scope: StreamId, dir: Direction, seen: Instant, msg: &[u8]) {
+    fn on_message(
+        &mut self,
+        scope: StreamId,
+        dir: Direction,
+        seen: Instant,
+        msg: &[u8],
+        size: Size,
+    ) {
         let p = match peek(msg) {
             Ok(p) => p,
             Err(PeekError::NotJson) => return self.count_non_json(),
@@ -487,7 +545,7 @@ impl<S: EventSink> Observer<S> {
             (Lenient::Ok(m), Lenient::Ok(id)) => {
                 let m = m.to_string();
                 let id = id.clone();
-                self.on_request(scope, dir, seen, &m, id, &p, msg.len() as u64)
+                self.on_request(scope, dir, seen, &m, id, &p, size.len)
             }
             (Lenient::Ok(m), Lenient::Absent) => {
                 let m = m.to_string();
@@ -495,7 +553,7 @@ impl<S: EventSink> Observer<S> {
             }
             (Lenient::Absent, Lenient::Ok(id)) => {
                 let id = id.clone();
-                self.on_response(scope, dir, seen, id, &p, msg)
+                self.on_response(scope, dir, seen, id, &p, msg, size)
             }
             // An error response with a null id (the peer could not parse a request) is valid
             // JSON-RPC and answers nothing we track.
@@ -561,24 +619,24 @@ impl<S: EventSink> Observer<S> {
         };
         if matches!(kind, PendingKind::ToolCall(_)) || self.pending.len() < MAX_PENDING {
             let early = self.early.remove(&key);
-            if let Some((msg, _)) = &early {
-                self.early_bytes -= msg.len();
+            if let Some(e) = &early {
+                self.early_bytes -= e.msg.len();
             }
             // Only a response read after this request was sent can answer it; an older one is a
             // stale answer to an earlier use of the id.
             let early = match early {
-                Some((msg, at)) if at >= seen => Some((msg, at)),
+                Some(e) if e.seen >= seen => Some(e),
                 Some(_) => {
                     self.count_orphan(dir);
                     None
                 }
                 None => None,
             };
-            if let Some((msg, at)) = early {
+            if let Some(e) = early {
                 self.pending.insert(key.clone(), Pending { kind, seen });
-                if let Ok(p) = peek(&msg) {
+                if let Ok(p) = peek(&e.msg) {
                     if let Lenient::Ok(id) = p.id.clone() {
-                        self.on_response(scope, opposite(dir), at, id, &p, &msg);
+                        self.on_response(scope, opposite(dir), e.seen, id, &p, &e.msg, e.size);
                     }
                 }
             } else {
@@ -768,6 +826,7 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_response(
         &mut self,
         scope: StreamId,
@@ -776,6 +835,7 @@ impl<S: EventSink> Observer<S> {
         id: RpcId,
         p: &Peek<'_>,
         msg: &[u8],
+        size: Size,
     ) {
         let key = Key {
             scope,
@@ -786,14 +846,28 @@ impl<S: EventSink> Observer<S> {
             let fits = self.early_bytes + msg.len() <= EARLY_RESPONSE_BYTES;
             if fits && !self.early.contains_key(&key) {
                 self.early_bytes += msg.len();
-                self.early.insert(key, (msg.to_vec(), seen));
+                let msg = msg.to_vec();
+                self.early.insert(key, Early { msg, seen, size });
             } else {
                 self.count_orphan(key.dir);
             }
             return;
         };
         match pending.kind {
-            PendingKind::ToolCall(aid) => self.on_tool_response(aid, seen, p, msg.len() as u64),
+            PendingKind::ToolCall(aid) => self.on_tool_response(aid, seen, p, size.len),
+            PendingKind::ToolsList { .. } if size.partial => {
+                // Only part of the catalog was seen: no version is better than a wrong one.
+                self.catalog.invalidate();
+                self.catalog_changed(seen);
+                if !self.warned.partial_catalog {
+                    self.warned.partial_catalog = true;
+                    tracing::warn!(
+                        len = size.len,
+                        "A tools/list page is larger than the observer reads whole: \
+                         registryVersion is left out until a smaller list"
+                    );
+                }
+            }
             PendingKind::ToolsList { first_page } => {
                 if matches!(p.result, Lenient::Ok(_)) {
                     let before = self.catalog.version().map(str::to_string);
@@ -961,6 +1035,7 @@ struct Held {
 
 enum HeldFrame {
     Bytes(bytes::Bytes),
+    Summary(bytes::Bytes, u64),
     Oversize(u64),
 }
 
@@ -994,12 +1069,18 @@ impl Reorder {
         if clear && (other_settled || self.closed[other]) {
             match s {
                 Split::Frame(f) => obs.on_frame(StreamId(0), dir, seen, f),
+                Split::Summary { skeleton, len } => {
+                    obs.on_summary_frame(StreamId(0), dir, seen, skeleton, len)
+                }
                 Split::Oversize(n) => obs.on_oversize_frame(dir, n),
             }
             return;
         }
         let frame = match s {
             Split::Frame(f) => HeldFrame::Bytes(slice_or_copy(chunk, f)),
+            Split::Summary { skeleton, len } => {
+                HeldFrame::Summary(bytes::Bytes::copy_from_slice(skeleton), len)
+            }
             Split::Oversize(n) => HeldFrame::Oversize(n),
         };
         self.queues[i].push_back(Held { seen, frame });
@@ -1046,6 +1127,9 @@ impl Reorder {
             };
             match h.frame {
                 HeldFrame::Bytes(b) => obs.on_frame(StreamId(0), DIRS[i], h.seen, &b),
+                HeldFrame::Summary(b, len) => {
+                    obs.on_summary_frame(StreamId(0), DIRS[i], h.seen, &b, len)
+                }
                 HeldFrame::Oversize(n) => obs.on_oversize_frame(DIRS[i], n),
             }
         }
@@ -1190,7 +1274,7 @@ pub async fn run_tap_observer<S: EventSink>(
                     last_seen[i] = Some(c.seen);
                     let other_settled = settled(&rx, &left)[1 - i];
                     let before = observer.stats.events;
-                    splitters[i].push(&c.bytes, c.after_gap, |s| {
+                    splitters[i].push(&c.bytes, c.after_gap, c.skipped, |s| {
                         reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other_settled)
                     });
                     if observer.stats.events - before >= FRAMES_PER_TURN as u64 {

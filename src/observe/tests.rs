@@ -42,6 +42,21 @@ impl T {
         let at = self.at(ms);
         self.obs.on_frame(StreamId(0), dir, at, bytes.as_bytes());
     }
+    /// Through a frame splitter, as the tap observer feeds frames: a message over the
+    /// whole-frame limit arrives as its summary.
+    fn split(&mut self, dir: Direction, ms: u64, v: Value) {
+        let line = format!("{v}\n");
+        let at = self.at(ms);
+        let obs = &mut self.obs;
+        let mut sp = frame::FrameSplitter::default();
+        sp.push(line.as_bytes(), false, 0, |s| match s {
+            Split::Frame(f) => obs.on_frame(StreamId(0), dir, at, f),
+            Split::Summary { skeleton, len } => {
+                obs.on_summary_frame(StreamId(0), dir, at, skeleton, len)
+            }
+            Split::Oversize(n) => panic!("{n} bytes not observed"),
+        });
+    }
     fn raw(&mut self, dir: Direction, ms: u64, b: &[u8]) {
         let at = self.at(ms);
         self.obs.on_frame(StreamId(0), dir, at, b);
@@ -413,6 +428,66 @@ fn registry_version_follows_the_catalog() {
 }
 
 #[test]
+fn a_tools_list_too_large_to_read_whole_clears_the_registry_version() {
+    let mut t = T::new();
+    let list = |id: u64, desc: &str| {
+        json!({"jsonrpc":"2.0","id":id,"result":{"tools":[
+            {"name":"a","description":desc,"inputSchema":{"type":"object"}}]}})
+    };
+    t.send(
+        C2S,
+        0,
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
+    );
+    t.split(S2C, 1, list(1, "A"));
+    t.split(C2S, 2, call(json!(2), "a", json!({})));
+    t.split(S2C, 3, ok(json!(2)));
+    t.send(
+        C2S,
+        4,
+        json!({"jsonrpc":"2.0","id":3,"method":"tools/list"}),
+    );
+    let huge = "d".repeat(frame::WHOLE_FRAME_BYTES + 10);
+    t.split(S2C, 5, list(3, &huge));
+    t.split(C2S, 6, call(json!(4), "a", json!({})));
+    t.split(S2C, 7, ok(json!(4)));
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(stats.summarized, 1);
+    assert_eq!(events.len(), 2);
+    assert!(events[0].rec.registry_version.is_some());
+    assert_eq!(
+        events[1].rec.registry_version, None,
+        "a catalog seen only in part has no version"
+    );
+}
+
+#[test]
+fn large_messages_are_correlated_from_their_ends_in_any_field_order() {
+    let mut t = T::new();
+    let blob = "z".repeat(2 * frame::WHOLE_FRAME_BYTES);
+    // A TypeScript-ordered request: `id` last, a small argument after the large one.
+    let req = format!(
+        r#"{{"method":"tools/call","params":{{"name":"upload","arguments":{{"amount_cents":4900,"file":"{blob}","reason":"dup"}}}},"jsonrpc":"2.0","id":"r-1"}}"#
+    );
+    let req: Value = serde_json::from_str(&req).expect("json");
+    t.split(C2S, 0, req);
+    let resp = json!({"jsonrpc":"2.0","id":"r-1","result":{
+        "content":[{"type":"text","text":blob}],"isError":true}});
+    t.split(S2C, 9, resp);
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(stats.summarized, 2);
+    assert_eq!(events.len(), 1);
+    let e = &events[0];
+    assert_eq!((e.rec.action.as_str(), e.status), ("upload", 500));
+    assert!((e.dur_ms - 9.0).abs() < 0.001);
+    assert!(e.bytes.req > blob.len() as u64 && e.bytes.resp > blob.len() as u64);
+    let fields = serde_json::to_value(&e.rec.fields).expect("fields");
+    assert_eq!(fields["amount_cents"], 4900);
+    assert_eq!(fields["reason"], "dup");
+    assert!(fields.get("file").is_none());
+}
+
+#[test]
 fn name_flag_and_on_behalf_of_precedence() {
     let mut c = cfg();
     c.server_name = Some("flagged".into());
@@ -575,16 +650,17 @@ async fn a_50_mb_result_is_still_correlated() {
     c2s.close(t0);
     s2c.close(t0);
     let obs = task.await.expect("task");
-    assert_eq!(
-        stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(stats.dropped_chunks[1].load(Relaxed), 0);
+    // Only the head and the tail crossed the tap.
+    let skipped = stats.skipped_bytes[1].load(Relaxed) as usize;
+    assert!(skipped > resp.len() - 4 * CHUNK, "skipped {skipped}");
     let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].status, 200);
     assert_eq!(events[0].bytes.resp as usize, resp.len() - 1);
     assert!((events[0].dur_ms - 40.0).abs() < 0.001);
-    assert_eq!(stats.oversize, 0);
+    assert_eq!((stats.oversize, stats.summarized), (0, 1));
 }
 
 #[tokio::test]
