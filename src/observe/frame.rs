@@ -23,10 +23,10 @@ pub const DEFAULT_FRAME_CAP: usize = 64 * 1024 * 1024;
 pub const WHOLE_FRAME_BYTES: usize = 1024 * 1024;
 
 /// Bytes kept from the start of a frame larger than [`WHOLE_FRAME_BYTES`].
-pub const SUMMARY_HEAD: usize = 64 * 1024;
+pub const SUMMARY_HEAD: usize = 16 * 1024;
 
 /// Bytes kept from the end of a frame larger than [`WHOLE_FRAME_BYTES`].
-pub const SUMMARY_TAIL: usize = 64 * 1024;
+pub const SUMMARY_TAIL: usize = 16 * 1024;
 
 /// Where large JSON object frames start and how much of them is kept; shared by the splitter
 /// and the tap's sender so both agree on what the observer needs (tests shrink them).

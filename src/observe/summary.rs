@@ -7,7 +7,7 @@
 //! `result.resultType`, `method`, `params.name`, `params._meta`, small arguments) sits before or
 //! after them, in the first or last few kilobytes, whichever order the serializer chose (rmcp
 //! and Python's SDK write `id` first, the TypeScript SDK writes it last). Scanning only those
-//! bytes keeps the cost of observing a 50 MB message at that of a 128 KiB one, on the relay's CPU.
+//! bytes keeps the cost of observing a 50 MB message close to that of a small one.
 //!
 //! The join: the head is cut after its last complete member at each nesting level, the tail
 //! is cut before its first complete member at each level, and the two are joined at the deepest
