@@ -205,16 +205,23 @@ impl Trim {
             }
             return;
         };
-        let mut skipped = std::mem::take(&mut self.skipped);
-        for (at, b) in self.held.drain(..) {
-            pass(at, b, std::mem::take(&mut skipped));
-        }
-        self.held_bytes = 0;
+        let skipped = self.release(&mut pass);
         let next = &bytes[last_nl + 1..];
         self.frame_len = next.len() as u64;
         self.first = None;
         self.note_start(next);
         pass(seen, bytes, skipped);
+    }
+
+    /// Passes every held chunk, the first with the bytes skipped before it; returns the skipped
+    /// count if nothing was held to carry it.
+    fn release(&mut self, pass: &mut impl FnMut(Instant, Bytes, u64)) -> u64 {
+        let mut skipped = std::mem::take(&mut self.skipped);
+        for (at, b) in self.held.drain(..) {
+            pass(at, b, std::mem::take(&mut skipped));
+        }
+        self.held_bytes = 0;
+        skipped
     }
 
     fn note_start(&mut self, b: &[u8]) {
@@ -225,11 +232,7 @@ impl Trim {
 
     /// Everything still held (the direction ended inside a frame).
     fn finish(&mut self, mut pass: impl FnMut(Instant, Bytes, u64)) {
-        let mut skipped = std::mem::take(&mut self.skipped);
-        for (at, b) in self.held.drain(..) {
-            pass(at, b, std::mem::take(&mut skipped));
-        }
-        self.held_bytes = 0;
+        self.release(&mut pass);
     }
 }
 

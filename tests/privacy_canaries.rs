@@ -255,6 +255,64 @@ fn sensor_output(args: &Map<String, Value>, meta: Option<Value>, blob: Option<us
     serde_json::to_string(&batch).expect("batch encodes")
 }
 
+/// Plants each canary in a call's arguments (one per key, nested or not) and the on-behalf-of
+/// id in `_meta`, runs the call through the sensor (with a large argument too, given `blob`),
+/// and fails if any canary that may not leave is in the output.
+fn plant_and_check(
+    placements: &[Placement],
+    obo: &Canary,
+    blob: Option<usize>,
+) -> Result<(), TestCaseError> {
+    let mut args = Map::new();
+    let mut planted: Vec<&Placement> = Vec::new();
+    for (i, p) in placements.iter().enumerate() {
+        if args.contains_key(&p.key) {
+            continue; // one value per key
+        }
+        let v = if p.nested {
+            if i % 2 == 0 {
+                json!({"inner": p.canary.value})
+            } else {
+                json!([p.canary.value])
+            }
+        } else {
+            p.canary.value.clone()
+        };
+        args.insert(p.key.clone(), v);
+        planted.push(p);
+    }
+    // The on-behalf-of id is opaque by contract; an e-mail or card there is still dropped.
+    let meta = json!({"bounded/onBehalfOf": obo.value});
+    let out = sensor_output(&args, Some(meta), blob);
+    prop_assert!(
+        !out.contains("bbbbbbbb"),
+        "part of the large argument left: {out}"
+    );
+    for p in &planted {
+        if !may_leak(p) {
+            // Another planted value may legitimately carry the same needle (vanishingly
+            // rare with random canaries); only fail when none may leak.
+            let shared = planted
+                .iter()
+                .any(|q| may_leak(q) && q.canary.needle == p.canary.needle);
+            prop_assert!(
+                shared || !out.contains(&p.canary.needle),
+                "canary {:?} under {:?} (nested: {}) leaked: {out}",
+                p.canary.needle,
+                p.key,
+                p.nested
+            );
+        }
+    }
+    if obo.detectable {
+        prop_assert!(
+            !out.contains(&obo.needle),
+            "onBehalfOf canary leaked: {out}"
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -263,37 +321,7 @@ proptest! {
         placements in prop::collection::vec(placement(), 1..8),
         obo in canary(),
     ) {
-        let mut args = Map::new();
-        let mut planted: Vec<&Placement> = Vec::new();
-        for (i, p) in placements.iter().enumerate() {
-            if args.contains_key(&p.key) {
-                continue; // one value per key
-            }
-            let v = if p.nested {
-                if i % 2 == 0 { json!({"inner": p.canary.value}) } else { json!([p.canary.value]) }
-            } else {
-                p.canary.value.clone()
-            };
-            args.insert(p.key.clone(), v);
-            planted.push(p);
-        }
-        // The on-behalf-of id is opaque by contract; an e-mail or card there is still dropped.
-        let meta = json!({"bounded/onBehalfOf": obo.value});
-        let out = sensor_output(&args, Some(meta), None);
-        for p in &planted {
-            if !may_leak(p) {
-                // Another planted value may legitimately carry the same needle (vanishingly
-                // rare with random canaries); only fail when none may leak.
-                let shared = planted.iter().any(|q| may_leak(q) && q.canary.needle == p.canary.needle);
-                prop_assert!(
-                    shared || !out.contains(&p.canary.needle),
-                    "canary {:?} under {:?} (nested: {}) leaked: {out}", p.canary.needle, p.key, p.nested
-                );
-            }
-        }
-        if obo.detectable {
-            prop_assert!(!out.contains(&obo.needle), "onBehalfOf canary leaked: {out}");
-        }
+        plant_and_check(&placements, &obo, None)?;
     }
 
     #[test]
@@ -353,35 +381,7 @@ proptest! {
         obo in canary(),
         blob in 1_100_000usize..1_300_000,
     ) {
-        let mut args = Map::new();
-        let mut planted: Vec<&Placement> = Vec::new();
-        for (i, p) in placements.iter().enumerate() {
-            if args.contains_key(&p.key) {
-                continue;
-            }
-            let v = if p.nested {
-                if i % 2 == 0 { json!({"inner": p.canary.value}) } else { json!([p.canary.value]) }
-            } else {
-                p.canary.value.clone()
-            };
-            args.insert(p.key.clone(), v);
-            planted.push(p);
-        }
-        let meta = json!({"bounded/onBehalfOf": obo.value});
-        let out = sensor_output(&args, Some(meta), Some(blob));
-        prop_assert!(!out.contains("bbbbbbbb"), "part of the large argument left: {out}");
-        for p in &planted {
-            if !may_leak(p) {
-                let shared = planted.iter().any(|q| may_leak(q) && q.canary.needle == p.canary.needle);
-                prop_assert!(
-                    shared || !out.contains(&p.canary.needle),
-                    "canary {:?} under {:?} (nested: {}) leaked: {out}", p.canary.needle, p.key, p.nested
-                );
-            }
-        }
-        if obo.detectable {
-            prop_assert!(!out.contains(&obo.needle), "onBehalfOf canary leaked: {out}");
-        }
+        plant_and_check(&placements, &obo, Some(blob))?;
     }
 }
 
