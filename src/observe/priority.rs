@@ -7,19 +7,27 @@
 //! behind it may fall. Timestamps are the relay's, so observing later changes no `dur_ms`.
 //! Must never fail the session: if the priority cannot be lowered the observer runs as before.
 //!
-//! Why `nice` and not `SCHED_IDLE`: an idle-class thread only runs when nothing else on its CPU
-//! wants to, so under a sustained load that keeps the CPU busy (a long pipelined burst, a stream
-//! of 5 MB responses) it would fall behind without bound and the tap would drop; a niced thread
-//! still gets a small guaranteed share (nice 19 weighs 15 against 1024 for nice 0, ~1.5 %), and
-//! the kernel's wake-up preemption rarely lets it take the CPU from a nice-0 relay thread.
+//! The class is `SCHED_IDLE` (with nice 19 underneath, which is what remains if the idle class
+//! is refused). A nice-19 thread that wakes up may still preempt a relay thread and run out its
+//! time slice first: in the benchmark that showed as sequential calls stalled for 2–5 ms, and
+//! as the observer taking CPU inside a pipelined burst. An idle-class thread never preempts a
+//! normal one; it runs when the relay, the client and the server are all waiting, which is
+//! when its work costs nobody anything. The price: on a CPU kept busy without pause by other
+//! work it gets only a sliver (weight 3 against 1024), so a long enough burst can outrun it;
+//! then the tap's byte budget bounds the backlog, and the calls it drops are counted as
+//! unobserved, never given a false status. Unprivileged threads cannot leave the idle class
+//! again, so this is decided once, at thread start. Known cost: the observer holds the tap's
+//! lock for a queue swap; preempted inside it while other work keeps the CPU busy, it makes a
+//! relay thread that needs the lock wait up to a scheduling slice (a few ms). Measured, that is
+//! rarer and shorter than the nice-19 wake-up preemptions it replaces; a lock-free tap would
+//! remove it.
 
 /// How far below the default (0) the observer's threads run. See the module doc for the choice.
 pub const OBSERVER_NICE: i32 = 19;
 
-/// Lowers the calling thread's CPU priority to [`OBSERVER_NICE`]. On Linux `setpriority` with a
-/// thread id applies to that thread only (threads are scheduled entities there); elsewhere it
-/// would renice the whole process, relay included, so it does nothing. Returns whether the
-/// priority was set.
+/// Puts the calling thread in the idle scheduling class, at [`OBSERVER_NICE`]. On Linux both
+/// calls apply to that thread only (threads are scheduled entities there); elsewhere they would
+/// change the whole process, relay included, so it does nothing. Returns whether either was set.
 pub fn lower_current_thread() -> bool {
     #[cfg(target_os = "linux")]
     {
@@ -29,8 +37,12 @@ pub fn lower_current_thread() -> bool {
         };
         // SAFETY: setpriority takes three integers and touches no memory of ours; any value is
         // sound (an invalid `who` or a refused change only returns -1 with errno set).
-        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, OBSERVER_NICE) };
-        rc == 0
+        let niced = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, OBSERVER_NICE) } == 0;
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid sched_param that outlives the call, which only reads it;
+        // pid 0 is the calling thread. A refusal only returns -1 with errno set.
+        let idle = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0;
+        niced || idle
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -42,11 +54,20 @@ pub fn lower_current_thread() -> bool {
 mod tests {
     use super::*;
 
-    /// The nice value of one thread, from /proc (field 19 of stat, after the `(comm)` field).
-    fn thread_nice(tid: i32) -> Option<i64> {
+    /// Field `n` (1-based, as in proc(5)) of one thread's stat line; fields from 3 on follow
+    /// the `(comm)` field, which may itself contain spaces.
+    fn stat_field(tid: i32, n: usize) -> Option<i64> {
         let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
         let rest = &stat[stat.rfind(')')? + 2..];
-        rest.split(' ').nth(16)?.parse().ok()
+        rest.split(' ').nth(n - 3)?.parse().ok()
+    }
+
+    fn thread_nice(tid: i32) -> Option<i64> {
+        stat_field(tid, 19)
+    }
+
+    fn thread_policy(tid: i32) -> Option<i64> {
+        stat_field(tid, 41)
     }
 
     #[cfg(target_os = "linux")]
@@ -54,16 +75,18 @@ mod tests {
     fn lowers_only_the_calling_thread() {
         let main_tid = nix::unistd::gettid().as_raw();
         let before = thread_nice(main_tid).expect("own nice");
+        let policy_before = thread_policy(main_tid).expect("own policy");
         let worker = std::thread::spawn(|| {
             let tid = nix::unistd::gettid().as_raw();
-            (lower_current_thread(), thread_nice(tid))
+            (lower_current_thread(), thread_nice(tid), thread_policy(tid))
         });
-        let (ok, nice) = worker.join().expect("worker thread");
+        let (ok, nice, policy) = worker.join().expect("worker thread");
         assert!(ok, "raising one's own nice value is always allowed");
         assert_eq!(nice, Some(i64::from(OBSERVER_NICE)));
+        assert_eq!(policy, Some(i64::from(libc::SCHED_IDLE)));
         assert_eq!(
-            thread_nice(main_tid),
-            Some(before),
+            (thread_nice(main_tid), thread_policy(main_tid)),
+            (Some(before), Some(policy_before)),
             "other threads keep theirs"
         );
     }
