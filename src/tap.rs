@@ -2,22 +2,21 @@
 //!
 //! Owns [`Direction`], [`TapChunk`] and the bounded queue between a relay loop and the
 //! observer. A relay loop calls [`TapSender::offer`] *after* it has written the chunk onward;
-//! `offer` never waits on the observer, not even for a lock (the queue is std's lock-free
-//! channel, the bounds are atomics): when the queue holds [`TAP_BUDGET_BYTES`] the chunk is
-//! counted as dropped and the next chunk that does get through is marked `after_gap`, so the
-//! frame splitter can resynchronise at the next newline instead of gluing two halves of
-//! different messages together. The bound is in bytes, not chunks, so a burst of thousands of
-//! small messages is absorbed while memory stays bounded. A sender wakes the observer only when
-//! it is asleep with nothing to do; while it is busy or lingering (see
-//! `observe::run_tap_observer`) an offer costs a few atomic operations and a channel send, no
-//! syscall.
+//! `offer` never waits on the observer and allocates nothing beyond the `Bytes` it is given (the
+//! queue's storage is swapped back and forth with the observer's, so it is reused): when the
+//! queue holds [`TAP_BUDGET_BYTES`] the chunk is counted as dropped and the next chunk that does
+//! get through is marked `after_gap`, so the frame splitter can resynchronise at the next newline
+//! instead of gluing two halves of different messages together. The bound is in bytes, not
+//! chunks, so a burst of thousands of small messages is absorbed while memory stays bounded.
+//! A sender wakes the observer only when it is asleep with nothing to do; while it is busy or
+//! lingering (see `observe::run_tap_observer`) offers cost a lock and a push, no syscall.
 //! The sender also finds newlines (only newlines) so that of a frame too large for the
 //! observer to read whole only the head and tail cross (see [`Trim`]).
 //! Must never block, never parse JSON, never log per chunk.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -104,13 +103,9 @@ pub const TAP_BUDGET_BYTES: usize = 8 * 1024 * 1024;
 /// rounding): charged against the budget so a flood of tiny chunks is bounded too.
 pub const CHUNK_OVERHEAD: usize = 64;
 
-/// What both senders and the observer share. The queue itself is std's unbounded channel,
-/// which is lock-free: a relay thread never waits for a lock the observer holds. That matters
-/// because the observer runs in the idle scheduling class (`observe::priority`): preempted
-/// while holding a lock, it could keep a relay thread waiting for a whole scheduling slice. The
-/// bounds are kept here, in atomics, charged by a sender before it sends and given back by the
-/// observer after it receives, so they never undercount what is queued.
+/// The queue shared by both senders and the observer.
 struct Shared {
+    state: Mutex<Queue>,
     /// Wakes the observer: only when it said it is waiting, when a sender closes, or goes away.
     wake: Notify,
     stats: Arc<TapStats>,
@@ -119,30 +114,23 @@ struct Shared {
     /// Per direction: the relay has read bytes it has not offered yet (see
     /// [`TapSender::begin`]).
     active: [AtomicBool; 2],
-    /// Bytes charged for what is queued (chunk bytes plus [`CHUNK_OVERHEAD`] each).
-    bytes: AtomicUsize,
-    chunks: AtomicUsize,
-    /// Chunks queued per direction.
-    queued: [AtomicUsize; 2],
-    /// The observer found the queue empty and is about to sleep until woken.
-    waiting: AtomicBool,
 }
 
-impl Shared {
-    /// Gives back what a received chunk was charged.
-    fn discharge(&self, c: &TapChunk) {
-        self.bytes
-            .fetch_sub(c.bytes.len() + CHUNK_OVERHEAD, Ordering::SeqCst);
-        self.chunks.fetch_sub(1, Ordering::SeqCst);
-        self.queued[c.dir.index()].fetch_sub(1, Ordering::SeqCst);
-    }
+struct Queue {
+    msgs: VecDeque<TapMsg>,
+    /// Bytes charged for what `msgs` holds (chunk bytes plus [`CHUNK_OVERHEAD`] each).
+    bytes: usize,
+    chunks: usize,
+    /// Chunks queued per direction.
+    queued: [usize; 2],
+    senders: usize,
+    /// The observer found the queue empty and is about to sleep until woken.
+    waiting: bool,
 }
 
 /// One direction's sending half, owned by that direction's relay loop.
 pub struct TapSender {
     shared: Arc<Shared>,
-    /// `None` only while being dropped.
-    tx: Option<mpsc::Sender<TapMsg>>,
     dir: Direction,
     gap: bool,
     trim: Trim,
@@ -251,9 +239,6 @@ impl Trim {
 /// The observer's receiving half.
 pub struct TapReceiver {
     shared: Arc<Shared>,
-    /// Only ever reached through `&mut self` (`get_mut`, no locking): the mutex is there to make
-    /// the receiver `Sync`, so the observer's future can hold `&TapReceiver` across an await.
-    rx: Mutex<mpsc::Receiver<TapMsg>>,
 }
 
 /// What [`TapReceiver::drain`] found.
@@ -280,40 +265,39 @@ pub fn tap_with_budget(
 ) -> (TapSender, TapSender, TapReceiver, Arc<TapStats>) {
     let stats = Arc::new(TapStats::default());
     let shared = Arc::new(Shared {
+        state: Mutex::new(Queue {
+            msgs: VecDeque::new(),
+            bytes: 0,
+            chunks: 0,
+            queued: [0, 0],
+            senders: 2,
+            waiting: false,
+        }),
         wake: Notify::new(),
         stats: stats.clone(),
         max_chunks: capacity.max(1),
         max_bytes: budget_bytes,
         active: [AtomicBool::new(false), AtomicBool::new(false)],
-        bytes: AtomicUsize::new(0),
-        chunks: AtomicUsize::new(0),
-        queued: [AtomicUsize::new(0), AtomicUsize::new(0)],
-        waiting: AtomicBool::new(false),
     });
-    let (tx, rx) = mpsc::channel();
     let c2s = TapSender {
         shared: shared.clone(),
-        tx: Some(tx.clone()),
         dir: Direction::ClientToServer,
         gap: false,
         trim: Trim::default(),
     };
     let s2c = TapSender {
         shared: shared.clone(),
-        tx: Some(tx),
         dir: Direction::ServerToClient,
         gap: false,
         trim: Trim::default(),
     };
-    (
-        c2s,
-        s2c,
-        TapReceiver {
-            shared,
-            rx: Mutex::new(rx),
-        },
-        stats,
-    )
+    (c2s, s2c, TapReceiver { shared }, stats)
+}
+
+fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+    // Nothing panics while holding the lock (pushes and swaps only); a poisoned lock still
+    // holds a consistent queue.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl TapSender {
@@ -354,42 +338,36 @@ impl TapSender {
             stats.skipped_bytes[i].fetch_add(skipped, Ordering::Relaxed);
         }
         let charge = len + CHUNK_OVERHEAD;
-        let sh = &self.shared;
-        // Charge first: the observer gives back only what it received, so the counters never
-        // undercount the queue (two senders racing near the bound may drop one chunk early).
-        let over = sh.bytes.fetch_add(charge, Ordering::SeqCst) + charge > sh.max_bytes;
-        let full = sh.chunks.fetch_add(1, Ordering::SeqCst) >= sh.max_chunks;
-        let sent = if over || full {
-            false
-        } else {
-            sh.queued[i].fetch_add(1, Ordering::SeqCst);
-            let msg = TapMsg::Chunk(TapChunk {
-                dir: self.dir,
-                seen,
-                bytes,
-                after_gap: self.gap,
-                skipped,
-            });
-            let ok = self.tx.as_ref().is_some_and(|tx| tx.send(msg).is_ok());
-            if !ok {
-                // The observer is gone; nothing will give the charge back.
-                sh.queued[i].fetch_sub(1, Ordering::SeqCst);
+        let wake = {
+            let mut q = lock(&self.shared.state);
+            if q.chunks >= self.shared.max_chunks || q.bytes + charge > self.shared.max_bytes {
+                None
+            } else {
+                q.msgs.push_back(TapMsg::Chunk(TapChunk {
+                    dir: self.dir,
+                    seen,
+                    bytes,
+                    after_gap: self.gap,
+                    skipped,
+                }));
+                q.bytes += charge;
+                q.chunks += 1;
+                q.queued[i] += 1;
+                Some(std::mem::take(&mut q.waiting))
             }
-            ok
         };
-        if !sent {
-            sh.bytes.fetch_sub(charge, Ordering::SeqCst);
-            sh.chunks.fetch_sub(1, Ordering::SeqCst);
-            self.gap = true;
-            stats.dropped_chunks[i].fetch_add(1, Ordering::Relaxed);
-            stats.dropped_bytes[i].fetch_add(len as u64, Ordering::Relaxed);
-            return;
-        }
-        self.gap = false;
-        // After the send: an observer that said it is waiting either finds the chunk when it
-        // looks again, or gets this wake-up (a permit, if it is not asleep yet).
-        if sh.waiting.swap(false, Ordering::SeqCst) {
-            sh.wake.notify_one();
+        match wake {
+            Some(wake) => {
+                self.gap = false;
+                if wake {
+                    self.shared.wake.notify_one();
+                }
+            }
+            None => {
+                self.gap = true;
+                stats.dropped_chunks[i].fetch_add(1, Ordering::Relaxed);
+                stats.dropped_bytes[i].fetch_add(len as u64, Ordering::Relaxed);
+            }
         }
     }
 
@@ -398,48 +376,47 @@ impl TapSender {
     pub fn close(mut self, seen: Instant) {
         let mut trim = std::mem::take(&mut self.trim);
         trim.finish(|at, b, skipped| self.enqueue(at, b, skipped));
-        if let Some(tx) = &self.tx {
-            // Never dropped: the marker is not charged against the bounds.
-            let _ = tx.send(TapMsg::Closed {
-                dir: self.dir,
-                seen,
-            });
-        }
+        lock(&self.shared.state).msgs.push_back(TapMsg::Closed {
+            dir: self.dir,
+            seen,
+        });
         self.settle();
-        // Drop disconnects and wakes the observer.
+        // Drop wakes the observer.
     }
 }
 
 impl Drop for TapSender {
     fn drop(&mut self) {
-        // Disconnect first, so the woken observer can see the tap is finished.
-        drop(self.tx.take());
+        lock(&self.shared.state).senders -= 1;
         self.shared.wake.notify_one();
     }
 }
 
-impl TapReceiver {
-    /// Moves everything queued into `out` (its allocation is reused). Takes at most what the
-    /// bounds let the queue hold, so senders that keep sending cannot keep it here.
-    pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
-        let rx = self.rx.get_mut().unwrap_or_else(|p| p.into_inner());
-        let mut got = false;
-        for _ in 0..self.shared.max_chunks + 2 {
-            match rx.try_recv() {
-                Ok(msg) => {
-                    if let TapMsg::Chunk(c) = &msg {
-                        self.shared.discharge(c);
-                    }
-                    out.push_back(msg);
-                    got = true;
-                }
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) if !got => return Drained::Closed,
-                Err(mpsc::TryRecvError::Disconnected) => break,
-            }
+impl Queue {
+    /// Moves every queued message into `out` (swapping allocations, so `out`'s is reused) and
+    /// resets the budget counters; false when nothing was queued. The one place both receive
+    /// paths empty the queue, so the byte budget can never be left charged for taken messages.
+    fn take_all(&mut self, out: &mut VecDeque<TapMsg>) -> bool {
+        if self.msgs.is_empty() {
+            return false;
         }
-        if got {
-            Drained::Some
+        std::mem::swap(&mut self.msgs, out);
+        self.bytes = 0;
+        self.chunks = 0;
+        self.queued = [0, 0];
+        true
+    }
+}
+
+impl TapReceiver {
+    /// Moves everything queued into `out` (which should be empty; its allocation is reused).
+    pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
+        let mut q = lock(&self.shared.state);
+        if q.take_all(out) {
+            return Drained::Some;
+        }
+        if q.senders == 0 {
+            Drained::Closed
         } else {
             Drained::Empty
         }
@@ -449,19 +426,18 @@ impl TapReceiver {
     /// closes or goes away. Returns [`Drained::Closed`] once the tap is finished.
     pub async fn recv_many(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
         loop {
-            let got = self.drain(out);
-            if got != Drained::Empty {
-                return got;
+            {
+                let mut q = lock(&self.shared.state);
+                if q.take_all(out) {
+                    q.waiting = false;
+                    return Drained::Some;
+                }
+                if q.senders == 0 {
+                    return Drained::Closed;
+                }
+                q.waiting = true;
             }
-            self.shared.waiting.store(true, Ordering::SeqCst);
-            // Look again after saying so: a sender that sent before it could see `waiting`
-            // did not wake us, and one that sends after it does (a notify_one that comes before
-            // the await below leaves a permit, so nothing is missed).
-            let got = self.drain(out);
-            if got != Drained::Empty {
-                self.shared.waiting.store(false, Ordering::SeqCst);
-                return got;
-            }
+            // A notify_one between the unlock and this await leaves a permit: nothing is missed.
             self.shared.wake.notified().await;
         }
     }
@@ -477,17 +453,19 @@ impl TapReceiver {
     /// queued. A frame of the other direction then cannot be overtaken by one of `dir` that it
     /// could have caused or answered.
     pub fn settled(&self, dir: Direction) -> bool {
-        // `active` first: an offer sends (and counts) before it clears `active`.
+        // `active` first: an offer pushes under the lock before it clears `active`.
         !self.shared.active[dir.index()].load(Ordering::SeqCst)
-            && self.shared.queued[dir.index()].load(Ordering::SeqCst) == 0
+            && lock(&self.shared.state).queued[dir.index()] == 0
     }
 
     /// One queued message, if any (tests).
     pub fn try_recv(&mut self) -> Option<TapMsg> {
-        let rx = self.rx.get_mut().unwrap_or_else(|p| p.into_inner());
-        let msg = rx.try_recv().ok()?;
+        let mut q = lock(&self.shared.state);
+        let msg = q.msgs.pop_front()?;
         if let TapMsg::Chunk(c) = &msg {
-            self.shared.discharge(c);
+            q.bytes = q.bytes.saturating_sub(c.bytes.len() + CHUNK_OVERHEAD);
+            q.chunks = q.chunks.saturating_sub(1);
+            q.queued[c.dir.index()] = q.queued[c.dir.index()].saturating_sub(1);
         }
         Some(msg)
     }
@@ -706,62 +684,6 @@ mod tests {
             let (got, _) = via_trim(&chunks);
             prop_assert_eq!(got, direct(&chunks));
         }
-    }
-
-    /// Two relay threads offering at full speed while the observer drains: every chunk is
-    /// either received or counted as dropped, in order per direction, and the bounds are all
-    /// given back at the end (the atomic accounting neither leaks nor undercounts).
-    #[test]
-    fn concurrent_offers_are_received_or_counted_and_the_budget_comes_back() {
-        let budget = 64 * 1024;
-        let (c2s, s2c, mut rx, stats) = tap_with_budget(256, budget);
-        let spawn = |mut tx: TapSender, tag: u8| {
-            std::thread::spawn(move || {
-                for n in 0..20_000u32 {
-                    let mut b = vec![tag; 1 + (n as usize % 300)];
-                    b.extend_from_slice(&n.to_le_bytes());
-                    tx.offer(Instant::now(), Bytes::from(b));
-                }
-                tx.close(Instant::now());
-            })
-        };
-        let a = spawn(c2s, b'a');
-        let b = spawn(s2c, b'b');
-        let mut out = VecDeque::new();
-        let mut got = [0u64; 2];
-        let mut last = [None::<u32>; 2];
-        let mut closed = 0;
-        loop {
-            match rx.drain(&mut out) {
-                Drained::Closed => break,
-                Drained::Empty => std::thread::yield_now(),
-                Drained::Some => {}
-            }
-            for msg in out.drain(..) {
-                match msg {
-                    TapMsg::Chunk(c) => {
-                        let i = c.dir.index();
-                        let tail: [u8; 4] = c.bytes[c.bytes.len() - 4..].try_into().expect("4");
-                        let n = u32::from_le_bytes(tail);
-                        assert!(last[i].is_none_or(|l| l < n), "out of order");
-                        last[i] = Some(n);
-                        got[i] += 1;
-                    }
-                    TapMsg::Closed { .. } => closed += 1,
-                }
-            }
-        }
-        a.join().expect("sender a");
-        b.join().expect("sender b");
-        assert_eq!(closed, 2);
-        for (i, got) in got.iter().enumerate() {
-            let dropped = stats.dropped_chunks[i].load(Ordering::Relaxed);
-            assert_eq!(got + dropped, 20_000, "direction {i}");
-        }
-        assert_eq!(rx.shared.bytes.load(Ordering::SeqCst), 0);
-        assert_eq!(rx.shared.chunks.load(Ordering::SeqCst), 0);
-        assert_eq!(rx.shared.queued[0].load(Ordering::SeqCst), 0);
-        assert_eq!(rx.shared.queued[1].load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

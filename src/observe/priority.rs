@@ -16,9 +16,11 @@
 //! work it gets only a sliver (weight 3 against 1024), so a long enough burst can outrun it;
 //! then the tap's byte budget bounds the backlog, and the calls it drops are counted as
 //! unobserved, never given a false status. Unprivileged threads cannot leave the idle class
-//! again, so this is decided once, at thread start. The relay and the observer share no lock
-//! (`crate::tap` is lock-free), so an idle-class observer preempted at any point can never keep
-//! a relay thread waiting.
+//! again, so this is decided once, at thread start. Known cost: the observer holds the tap's
+//! lock for a queue swap; preempted inside it while other work keeps the CPU busy, it makes a
+//! relay thread that needs the lock wait up to a scheduling slice (a few ms). Measured, that is
+//! rarer and shorter than the nice-19 wake-up preemptions it replaces; a lock-free tap would
+//! remove it.
 
 /// How far below the default (0) the observer's threads run. See the module doc for the choice.
 pub const OBSERVER_NICE: i32 = 19;
