@@ -686,6 +686,60 @@ mod tests {
         }
     }
 
+    /// Two relay threads offering at full speed while the observer drains: every chunk is
+    /// either received or counted as dropped, in order per direction, and the bounds are all
+    /// given back at the end.
+    #[test]
+    fn concurrent_offers_are_received_or_counted_and_the_budget_comes_back() {
+        let budget = 64 * 1024;
+        let (c2s, s2c, mut rx, stats) = tap_with_budget(256, budget);
+        let spawn = |mut tx: TapSender, tag: u8| {
+            std::thread::spawn(move || {
+                for n in 0..20_000u32 {
+                    let mut b = vec![tag; 1 + (n as usize % 300)];
+                    b.extend_from_slice(&n.to_le_bytes());
+                    tx.offer(Instant::now(), Bytes::from(b));
+                }
+                tx.close(Instant::now());
+            })
+        };
+        let a = spawn(c2s, b'a');
+        let b = spawn(s2c, b'b');
+        let mut out = VecDeque::new();
+        let mut got = [0u64; 2];
+        let mut last = [None::<u32>; 2];
+        let mut closed = 0;
+        loop {
+            match rx.drain(&mut out) {
+                Drained::Closed => break,
+                Drained::Empty => std::thread::yield_now(),
+                Drained::Some => {}
+            }
+            for msg in out.drain(..) {
+                match msg {
+                    TapMsg::Chunk(c) => {
+                        let i = c.dir.index();
+                        let tail: [u8; 4] = c.bytes[c.bytes.len() - 4..].try_into().expect("4");
+                        let n = u32::from_le_bytes(tail);
+                        assert!(last[i].is_none_or(|l| l < n), "out of order");
+                        last[i] = Some(n);
+                        got[i] += 1;
+                    }
+                    TapMsg::Closed { .. } => closed += 1,
+                }
+            }
+        }
+        a.join().expect("sender a");
+        b.join().expect("sender b");
+        assert_eq!(closed, 2);
+        for (i, got) in got.iter().enumerate() {
+            let dropped = stats.dropped_chunks[i].load(Ordering::Relaxed);
+            assert_eq!(got + dropped, 20_000, "direction {i}");
+        }
+        let q = lock(&rx.shared.state);
+        assert_eq!((q.bytes, q.chunks, q.queued), (0, 0, [0, 0]));
+    }
+
     #[tokio::test]
     async fn sleeping_receiver_is_woken_by_offer_and_by_last_sender() {
         let (mut c2s, s2c, mut rx, _stats) = tap(TAP_CAPACITY);
