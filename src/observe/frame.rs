@@ -118,11 +118,7 @@ impl Large {
     }
 
     fn finish(self, out: &mut impl FnMut(Split<'_>)) {
-        let len = if self.tail.ends_with(b"\r") {
-            self.len.saturating_sub(1)
-        } else {
-            self.len
-        };
+        let len = trimmed_len(self.len, &self.tail);
         // Exactly the last `tail` bytes, however the frame was chunked, so the skeleton does not
         // depend on read sizes.
         let tail = trim_cr(&self.tail);
