@@ -323,31 +323,42 @@ impl TapSender {
         let stats = &self.shared.stats;
         stats.offered_chunks[i].fetch_add(1, Ordering::Relaxed);
         stats.offered_bytes[i].fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        let mut trim = std::mem::take(&mut self.trim);
-        trim.accept(seen, bytes, |at, b, skipped| self.enqueue(at, b, skipped));
-        self.trim = trim;
+        let (shared, dir, gap) = (&*self.shared, self.dir, &mut self.gap);
+        self.trim.accept(seen, bytes, |at, b, skipped| {
+            Self::enqueue(shared, dir, gap, at, b, skipped)
+        });
         // After the pushes (or drops): whoever sees `active` false finds the chunks queued.
         self.settle();
     }
 
-    fn enqueue(&mut self, seen: Instant, bytes: Bytes, skipped: u64) {
-        let i = self.dir.index();
+    /// Queues one chunk for `dir`, or counts it as dropped and marks the next one `after_gap`.
+    /// An associated function over the sender's fields, so `offer` can call it from inside
+    /// [`Trim::accept`] while the trim state is borrowed.
+    fn enqueue(
+        shared: &Shared,
+        dir: Direction,
+        gap: &mut bool,
+        seen: Instant,
+        bytes: Bytes,
+        skipped: u64,
+    ) {
+        let i = dir.index();
         let len = bytes.len();
-        let stats = &self.shared.stats;
+        let stats = &shared.stats;
         if skipped > 0 {
             stats.skipped_bytes[i].fetch_add(skipped, Ordering::Relaxed);
         }
         let charge = len + CHUNK_OVERHEAD;
         let wake = {
-            let mut q = lock(&self.shared.state);
-            if q.chunks >= self.shared.max_chunks || q.bytes + charge > self.shared.max_bytes {
+            let mut q = lock(&shared.state);
+            if q.chunks >= shared.max_chunks || q.bytes + charge > shared.max_bytes {
                 None
             } else {
                 q.msgs.push_back(TapMsg::Chunk(TapChunk {
-                    dir: self.dir,
+                    dir,
                     seen,
                     bytes,
-                    after_gap: self.gap,
+                    after_gap: *gap,
                     skipped,
                 }));
                 q.bytes += charge;
@@ -358,13 +369,13 @@ impl TapSender {
         };
         match wake {
             Some(wake) => {
-                self.gap = false;
+                *gap = false;
                 if wake {
-                    self.shared.wake.notify_one();
+                    shared.wake.notify_one();
                 }
             }
             None => {
-                self.gap = true;
+                *gap = true;
                 stats.dropped_chunks[i].fetch_add(1, Ordering::Relaxed);
                 stats.dropped_bytes[i].fetch_add(len as u64, Ordering::Relaxed);
             }
@@ -374,8 +385,9 @@ impl TapSender {
     /// Signals EOF for this direction (never dropped: the marker is not charged against the
     /// bounds) and wakes the observer so the session's end is observed at once.
     pub fn close(mut self, seen: Instant) {
-        let mut trim = std::mem::take(&mut self.trim);
-        trim.finish(|at, b, skipped| self.enqueue(at, b, skipped));
+        let (shared, dir, gap) = (&*self.shared, self.dir, &mut self.gap);
+        self.trim
+            .finish(|at, b, skipped| Self::enqueue(shared, dir, gap, at, b, skipped));
         lock(&self.shared.state).msgs.push_back(TapMsg::Closed {
             dir: self.dir,
             seen,
