@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bounded_observe_mcp::event::{
-    filter_event, validate_and_filter_event, Batch, Event, SensorInfo,
+    filter_event, validate_and_filter_event, BatchBody, Event, SensorInfo,
 };
 use bounded_observe_mcp::observe::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
 use bounded_observe_mcp::observe::{EndCause, Observer, ObserverConfig, StreamId, Transport};
@@ -240,19 +240,18 @@ fn sensor_output(args: &Map<String, Value>, meta: Option<Value>, blob: Option<us
     assert_eq!(stats.summarized, if blob.is_some() { 2 } else { 0 });
     assert_eq!(events[0].bytes.req, req.len() as u64);
     assert_eq!(events[0].bytes.resp, resp.len() as u64);
-    let batch = Batch {
-        v: 2,
-        sensor: SensorInfo {
-            version: "test".into(),
-            transport: "stdio".into(),
-        },
-        dropped: 0,
-        events: events
-            .iter()
-            .map(|e| filter_event(e).expect("event passes L3"))
-            .collect(),
+    // The reporter's own path: L3, then the batch body exactly as it is sent.
+    let mut body = BatchBody::default();
+    for e in events {
+        body.push(&filter_event(e).expect("event passes L3"))
+            .expect("event encodes");
+    }
+    let sensor = SensorInfo {
+        version: "test".into(),
+        transport: "stdio".into(),
     };
-    serde_json::to_string(&batch).expect("batch encodes")
+    let bytes = body.take(&sensor, 0).expect("batch encodes");
+    String::from_utf8(bytes).expect("a batch is UTF-8")
 }
 
 /// Plants each canary in a call's arguments (one per key, nested or not) and the on-behalf-of

@@ -118,15 +118,84 @@ pub struct SensorInfo {
     pub transport: String,
 }
 
-/// What is POSTed to `<ingest>/v1/events` (and appended to a `file:` sink).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Batch {
-    pub v: u32,
-    pub sensor: SensorInfo,
-    /// Events this sensor could not deliver since its last successful batch.
-    pub dropped: u64,
-    /// Already filtered by [`validate_and_filter_event`].
-    pub events: Vec<Value>,
+/// Version of the batch envelope (DESIGN §4).
+pub const BATCH_VERSION: u32 = 2;
+
+/// What is POSTed to `<ingest>/v1/events` (and appended to a `file:` sink), built as it fills:
+/// each event is serialised into the body when it is added, and the envelope
+/// (`{"v":2,"sensor":…,"dropped":N,"events":[…]}`) is written around them when the batch is
+/// sent, because `dropped` is only known then. Events go in already filtered ([`filter_event`]).
+#[derive(Debug, Default)]
+pub struct BatchBody {
+    /// The events so far, comma-separated, without the brackets.
+    events: Vec<u8>,
+    count: usize,
+}
+
+/// The envelope's fields before `events`, in the order they are sent.
+#[derive(Serialize)]
+struct BatchHead<'a> {
+    v: u32,
+    sensor: &'a SensorInfo,
+    dropped: u64,
+}
+
+impl BatchBody {
+    /// Appends one filtered event. serde_json has no error to give for an [`Event`] (its maps
+    /// have string keys); were there one, the body would be left as it was.
+    pub fn push(&mut self, event: &Event) -> Result<(), serde_json::Error> {
+        let mark = self.events.len();
+        if self.count > 0 {
+            self.events.push(b',');
+        }
+        match serde_json::to_writer(&mut self.events, event) {
+            Ok(()) => {
+                self.count += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.events.truncate(mark);
+                Err(e)
+            }
+        }
+    }
+
+    /// Events added since the last [`BatchBody::take`].
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Forgets the events added so far.
+    pub fn clear(&mut self) {
+        self.events.clear();
+        self.count = 0;
+    }
+
+    /// The whole batch as sent (envelope version [`BATCH_VERSION`]); empties the body.
+    pub fn take(
+        &mut self,
+        sensor: &SensorInfo,
+        dropped: u64,
+    ) -> Result<Vec<u8>, serde_json::Error> {
+        let head = serde_json::to_vec(&BatchHead {
+            v: BATCH_VERSION,
+            sensor,
+            dropped,
+        })?;
+        // `head` is a JSON object: `{…}`. The events go in before its closing brace.
+        let open = head.len().saturating_sub(1);
+        let mut out = Vec::with_capacity(head.len() + self.events.len() + 16);
+        out.extend_from_slice(&head[..open]);
+        out.extend_from_slice(b",\"events\":[");
+        out.extend_from_slice(&self.events);
+        out.extend_from_slice(b"]}");
+        self.clear();
+        Ok(out)
+    }
 }
 
 /// Where the observer puts finished events. The reporter's queue implements it; tests use a Vec.
@@ -211,6 +280,45 @@ pub fn rfc3339_ms(t: std::time::SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn batch_body_is_the_envelope_around_the_filtered_events() {
+        let sample = filter::tests::sample();
+        let ev: Event = serde_json::from_value(sample.clone()).expect("the sample is an Event");
+        let want = validate_and_filter_event(&sample).expect("the sample passes");
+        let sensor = SensorInfo {
+            version: "0.1.0".into(),
+            transport: "stdio".into(),
+        };
+        let schema = filter::tests::batch_validator();
+        let mut body = BatchBody::default();
+        let empty = body.take(&sensor, 3).expect("encodes");
+        let empty: Value = serde_json::from_slice(&empty).expect("JSON");
+        assert_eq!(
+            empty,
+            json!({"v": 2, "sensor": {"version": "0.1.0", "transport": "stdio"},
+                   "dropped": 3, "events": []})
+        );
+        for n in [1usize, 3, MAX_BATCH_EVENTS] {
+            for _ in 0..n {
+                let kept = filter_event(ev.clone()).expect("passes L3");
+                body.push(&kept).expect("encodes");
+            }
+            assert_eq!(body.len(), n);
+            let bytes = body.take(&sensor, 7).expect("encodes");
+            assert!(body.is_empty(), "take empties the body");
+            let batch: Value = serde_json::from_slice(&bytes).expect("a batch is JSON");
+            assert!(schema.is_valid(&batch), "{batch}");
+            assert_eq!(batch["dropped"], json!(7));
+            let events = batch["events"].as_array().expect("events");
+            assert_eq!(events.len(), n);
+            assert!(
+                events.iter().all(|e| *e == want),
+                "each event as L3 leaves it"
+            );
+        }
+    }
 
     #[test]
     fn hex_matches_two_digit_format() {

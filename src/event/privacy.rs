@@ -436,6 +436,16 @@ fn number_admit(n: Number) -> Option<Value> {
 /// L2 + L4 + scalar and length rules on one field, without the allow-set: what the L3 filter
 /// (sensor and ingest alike) re-applies to every entry of `rec.fields`.
 pub fn scrub_field(key: &str, value: &Value) -> Option<Value> {
+    match value {
+        // Rejected whatever the key: not worth a copy.
+        Value::Null | Value::Array(_) | Value::Object(_) => None,
+        v => admit_field(key, v.clone()),
+    }
+}
+
+/// [`scrub_field`] on a value the caller owns: a field that passes is returned as it came,
+/// without a copy (the sensor's filter runs this on every field of every event).
+pub fn admit_field(key: &str, value: Value) -> Option<Value> {
     if key.is_empty() || key.len() > MAX_KEY_LEN || is_pii_key(key) || contains_sensitive(key) {
         return None;
     }
@@ -443,9 +453,11 @@ pub fn scrub_field(key: &str, value: &Value) -> Option<Value> {
         return None;
     }
     match value {
-        Value::String(s) => Scalar::Str(s).admit(),
-        Value::Bool(b) => Some(Value::Bool(*b)),
-        Value::Number(n) => number_admit(n.clone()),
+        Value::String(s) => {
+            (s.len() <= MAX_VALUE_LEN && !contains_sensitive(&s)).then_some(Value::String(s))
+        }
+        Value::Bool(b) => Some(Value::Bool(b)),
+        Value::Number(n) => number_admit(n),
         Value::Null | Value::Array(_) | Value::Object(_) => None,
     }
 }

@@ -28,17 +28,14 @@ use std::time::Duration;
 
 use backon::Retryable;
 use bytes::Bytes;
-use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::retry::{backoff, is_retriable, DeliveryError, STATUS_UNAUTHORIZED};
 use super::sink::{Sink, Tuning};
 use super::stats::{summarise, warn_once, FailureKind, FailureLog, ReportStats};
-use crate::event::{filter_event, Batch, Event, SensorInfo, MAX_BATCH_EVENTS};
-
-/// Version of the batch envelope (DESIGN §4).
-pub const BATCH_VERSION: u32 = 2;
+pub use crate::event::BATCH_VERSION;
+use crate::event::{filter_event, BatchBody, Event, SensorInfo, MAX_BATCH_EVENTS};
 
 /// What happened to one batch.
 #[derive(Debug)]
@@ -70,7 +67,8 @@ pub(crate) struct Batcher {
     /// Where the stats are published after each batch, so the handle can still report them if
     /// it ever has to abort this task.
     pub(crate) published: Arc<Mutex<ReportStats>>,
-    pub(crate) buf: Vec<Value>,
+    /// The batch being filled: its events already filtered and serialised.
+    pub(crate) buf: BatchBody,
     /// Events lost since the last accepted batch; carried by the next one.
     pub(crate) pending_dropped: u64,
     pub(crate) stats: ReportStats,
@@ -134,9 +132,10 @@ impl Batcher {
     fn push(&mut self, ev: Event) {
         // The typed form of `validate_and_filter_event` (proven equal to it over generated
         // events), without building a `Value` of the event first.
-        let filtered = filter_event(&ev).map_err(|e| e.to_string());
-        match filtered {
-            Ok(v) => self.buf.push(v),
+        let filtered = filter_event(ev).map_err(|e| e.to_string());
+        let added = filtered.and_then(|ev| self.buf.push(&ev).map_err(|e| e.to_string()));
+        match added {
+            Ok(()) => {}
             Err(e) => {
                 self.stats.filtered += 1;
                 self.pending_dropped += 1;
@@ -190,26 +189,22 @@ impl Batcher {
         if self.buf.is_empty() {
             return;
         }
-        let events = std::mem::take(&mut self.buf);
-        let n = events.len() as u64;
+        let n = self.buf.len() as u64;
         if self.sink.is_none() {
+            self.buf.clear();
             self.stats.unsent += n;
             return;
         }
         if self.stats.revoked {
+            self.buf.clear();
             self.lose(n, None);
             return;
         }
-        let batch = Batch {
-            v: BATCH_VERSION,
-            sensor: SensorInfo {
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                transport: self.transport.to_string(),
-            },
-            dropped: self.pending_dropped,
-            events,
+        let sensor = SensorInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            transport: self.transport.to_string(),
         };
-        let body = match serde_json::to_vec(&batch) {
+        let body = match self.buf.take(&sensor, self.pending_dropped) {
             Ok(b) => Bytes::from(b),
             Err(e) => {
                 self.lose(
@@ -219,7 +214,6 @@ impl Batcher {
                 return;
             }
         };
-        drop(batch);
         let started = std::time::Instant::now();
         let outcome = self.send(&body).await;
         if self.debug {

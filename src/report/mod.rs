@@ -36,7 +36,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::IngestTarget;
-use crate::event::{Event, EventSink, MAX_BATCH_EVENTS};
+use crate::event::{Event, EventSink};
 use crate::token::SensorToken;
 
 pub use sink::{Tuning, CONNECT_TIMEOUT, EVENTS_PATH, REQUEST_TIMEOUT};
@@ -151,7 +151,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         tuning,
         deadline: deadline_rx,
         published,
-        buf: Vec::with_capacity(MAX_BATCH_EVENTS),
+        buf: Default::default(),
         pending_dropped: 0,
         stats: ReportStats::default(),
         log: stats::FailureLog::default(),
