@@ -118,6 +118,7 @@ pub(crate) fn report_config(cfg: &config::Config, transport: &'static str) -> re
         shutdown_flush: cfg.shutdown_flush,
         transport,
         debug: cfg.debug,
+        pacer: None,
     }
 }
 
@@ -150,13 +151,18 @@ fn run_stdio(cfg: &config::Config) -> i32 {
             return proxy::stdio::StdioProxy::new(program.clone(), args.clone()).run(None, None);
         }
     };
+    // Observer and reporter share one thread and, on a CPU shared with the relay, one pace.
+    let pacer = std::sync::Arc::new(observe::priority::Pacer::default());
     let (queue, reporter) = {
         let _guard = rt.enter();
-        report::start(report_config(cfg, "stdio"))
+        report::start(report::ReportConfig {
+            pacer: Some(pacer.clone()),
+            ..report_config(cfg, "stdio")
+        })
     };
     let (c2s, s2c, rx, tap_stats) = tap::tap(tap::TAP_CAPACITY);
     let observer = observe::Observer::new(observer_config(cfg, observe::Transport::Stdio), queue);
-    let observing = rt.spawn(observe::run_tap_observer(rx, observer));
+    let observing = rt.spawn(observe::run_tap_observer(rx, observer, pacer.clone()));
 
     let proxy = proxy::stdio::StdioProxy::new(program.clone(), args.clone());
     // The relay runs on its own threads, not on the runtime: the caller's (main) thread spawns
@@ -188,6 +194,8 @@ fn run_stdio(cfg: &config::Config) -> i32 {
                 orphan_responses = s.orphan_responses,
                 gaps = s.gaps,
                 unobserved = s.unobserved,
+                shared_cpu = pacer.shared_cpu(),
+                rests = pacer.rests(),
                 "Observer totals"
             );
         }

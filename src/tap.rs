@@ -421,6 +421,13 @@ impl Queue {
 }
 
 impl TapReceiver {
+    /// Chunks the relay has offered so far, both directions, dropped ones included: the
+    /// observer tells from it whether traffic is flowing.
+    pub fn offers(&self) -> u64 {
+        let offered = &self.shared.stats.offered_chunks;
+        offered[0].load(Ordering::Relaxed) + offered[1].load(Ordering::Relaxed)
+    }
+
     /// Moves everything queued into `out` (which should be empty; its allocation is reused).
     pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
         let mut q = lock(&self.shared.state);

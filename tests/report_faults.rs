@@ -28,6 +28,7 @@ fn cfg(target: IngestTarget, flush_ms: u64, shutdown_ms: u64) -> ReportConfig {
         shutdown_flush: Duration::from_millis(shutdown_ms),
         transport: "stdio",
         debug: false,
+        pacer: None,
     }
 }
 
@@ -362,6 +363,7 @@ async fn no_token_or_bad_token_opens_no_socket() {
             shutdown_flush: Duration::from_secs(2),
             transport: "stdio",
             debug: false,
+            pacer: None,
         });
         emit_n(&mut q, 600);
         let stats = h.shutdown().await;

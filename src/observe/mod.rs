@@ -60,6 +60,7 @@ use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session,
 };
 use crate::tap::{Direction, Drained, TapMsg, TapReceiver};
+use priority::Pacer;
 
 use catalog::Catalog;
 use correlate::{state_digest, Action, ActionState, Key, Outcome, Pending, PendingKind};
@@ -1093,6 +1094,7 @@ impl Reorder {
     /// Observes every frame that can no longer be overtaken (`drain`: all), at most `limit` of
     /// them; true if it stopped at the limit with more releasable frames left. `settled`: per
     /// direction, whether every byte the relay read is already in the observer's hands.
+    #[allow(clippy::too_many_arguments)]
     fn release<S: EventSink>(
         &mut self,
         obs: &mut Observer<S>,
@@ -1100,6 +1102,7 @@ impl Reorder {
         drain: bool,
         limit: usize,
         settled: [bool; 2],
+        pacer: &Pacer,
     ) -> bool {
         const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
         for _ in 0..limit {
@@ -1132,6 +1135,7 @@ impl Reorder {
                 }
                 HeldFrame::Oversize(n) => obs.on_oversize_frame(DIRS[i], n),
             }
+            pacer.pace();
         }
         !self.is_empty()
     }
@@ -1213,11 +1217,13 @@ async fn release_paced<S: EventSink>(
     stalled_since: &mut Option<Instant>,
     rx: &TapReceiver,
     left: &[usize; 2],
+    pacer: &Pacer,
 ) {
     loop {
         pace_to_sink(obs, stalled_since).await;
         let settled = settled(rx, left);
-        if !reorder.release(obs, Instant::now(), drain, FRAMES_PER_TURN, settled) {
+        let now = Instant::now();
+        if !reorder.release(obs, now, drain, FRAMES_PER_TURN, settled, pacer) {
             return;
         }
         tokio::task::yield_now().await;
@@ -1229,11 +1235,22 @@ async fn release_paced<S: EventSink>(
 /// frames, stamps each frame with the relay time of the chunk that completed it, observes the
 /// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
 /// timeouts every [`TICK`]. Takes everything queued per look and lingers between looks (see
-/// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up.
+/// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up. Tells
+/// `pacer` whether traffic flows and lets it pace every frame (see [`priority::Pacer`]).
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
+    pacer: std::sync::Arc<Pacer>,
 ) -> Observer<S> {
+    let pacer = &*pacer;
+    // Traffic flows while the relay keeps handing the tap new chunks; not once it is closing.
+    let mut offers = rx.offers();
+    let mut flowing = |rx: &TapReceiver, closing: bool| {
+        let now = rx.offers();
+        let live = now != offers && !closing;
+        offers = now;
+        live
+    };
     let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
     let mut last_seen: [Option<Instant>; 2] = [None, None];
     let mut reorder = Reorder::default();
@@ -1256,6 +1273,7 @@ pub async fn run_tap_observer<S: EventSink>(
             break;
         }
         let worked = got == Drained::Some;
+        pacer.set_live(flowing(&rx, closing));
         let mut left = [0usize; 2];
         for msg in &batch {
             if let TapMsg::Chunk(c) = msg {
@@ -1275,8 +1293,10 @@ pub async fn run_tap_observer<S: EventSink>(
                     let other_settled = settled(&rx, &left)[1 - i];
                     let before = observer.stats.events;
                     splitters[i].push(&c.bytes, c.after_gap, c.skipped, |s| {
-                        reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other_settled)
+                        reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other_settled);
+                        pacer.pace();
                     });
+                    pacer.set_live(flowing(&rx, closing));
                     if observer.stats.events - before >= FRAMES_PER_TURN as u64 {
                         tokio::task::yield_now().await;
                     }
@@ -1299,7 +1319,16 @@ pub async fn run_tap_observer<S: EventSink>(
                     closing = true;
                 }
             }
-            release_paced(&mut reorder, &mut observer, false, &mut stalled, &rx, &left).await;
+            release_paced(
+                &mut reorder,
+                &mut observer,
+                false,
+                &mut stalled,
+                &rx,
+                &left,
+                pacer,
+            )
+            .await;
         }
         let now = Instant::now();
         if now >= next_tick {
@@ -1313,6 +1342,7 @@ pub async fn run_tap_observer<S: EventSink>(
             &mut stalled,
             &rx,
             &[0, 0],
+            pacer,
         )
         .await;
         if worked && !closing {
@@ -1328,6 +1358,7 @@ pub async fn run_tap_observer<S: EventSink>(
         splitters[dir.index()]
             .flush(|s| reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, true));
     }
+    pacer.set_live(false);
     release_paced(
         &mut reorder,
         &mut observer,
@@ -1335,6 +1366,7 @@ pub async fn run_tap_observer<S: EventSink>(
         &mut stalled,
         &rx,
         &[0, 0],
+        pacer,
     )
     .await;
     observer

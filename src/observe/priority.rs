@@ -9,11 +9,18 @@
 //!
 //! The class is `SCHED_IDLE` (with nice 19 underneath, which is what remains if the idle class
 //! is refused). A nice-19 thread that wakes up may still preempt a relay thread and run out its
-//! time slice first: in the benchmark that showed as sequential calls stalled for 2–5 ms, and
-//! as the observer taking CPU inside a pipelined burst. An idle-class thread never preempts a
-//! normal one; it runs when the relay, the client and the server are all waiting, which is
-//! when its work costs nobody anything. The price: on a CPU kept busy without pause by other
-//! work it gets only a sliver (weight 3 against 1024), so a long enough burst can outrun it;
+//! time slice first: in the benchmark that showed as sequential calls stalled for 2–5 ms. An
+//! idle-class thread never preempts a normal one on wake-up. It is not, though, kept off the CPU
+//! while normal threads are runnable: the fair scheduler (EEVDF, Linux 6.6 on) still picks it
+//! when it is owed time and the runnable normal threads are not yet eligible, and it then keeps
+//! the CPU until the next tick. Traced on one pinned CPU (`perf sched`), the observer ran 5 ms
+//! in one stretch while the MCP server waited, runnable, the whole time. So on a shared CPU the
+//! observer also paces itself ([`Pacer`]): while traffic flows, it works in slices of at most
+//! [`PACE_SLICE`] of CPU and rests [`PACE_REST`] after each, so a relay thread waits at most
+//! about a slice. When traffic stops it works flat out, in the gaps.
+//!
+//! The price: on a CPU kept busy without pause by other work the observer gets only a sliver
+//! (at most [`PACE_SLICE`] per [`PACE_REST`], about 5 %), so a long enough burst can outrun it;
 //! then the tap's byte budget bounds the backlog, and the calls it drops are counted as
 //! unobserved, never given a false status. Unprivileged threads cannot leave the idle class
 //! again, so this is decided once, at thread start. Known cost: the observer holds the tap's
@@ -21,6 +28,9 @@
 //! relay thread that needs the lock wait up to a scheduling slice (a few ms). Measured, that is
 //! rarer and shorter than the nice-19 wake-up preemptions it replaces; a lock-free tap would
 //! remove it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// How far below the default (0) the observer's threads run. See the module doc for the choice.
 pub const OBSERVER_NICE: i32 = 19;
@@ -50,9 +60,171 @@ pub fn lower_current_thread() -> bool {
     }
 }
 
+/// Most CPU time the observer's thread spends in one stretch, on a CPU it shares with the relay
+/// while traffic flows, before it rests. A relay thread that becomes runnable while the observer
+/// has the CPU waits at most about this long.
+pub const PACE_SLICE: Duration = Duration::from_micros(50);
+
+/// How long the observer's thread rests after a full slice while traffic flows. With
+/// [`PACE_SLICE`] it bounds the observer to about 5 % of a busy shared CPU.
+pub const PACE_REST: Duration = Duration::from_millis(1);
+
+/// Paces the observer's thread on a CPU it shares with the relay (see the module doc).
+///
+/// Called often ([`Pacer::pace`], per frame and per event) from the observer's one runtime
+/// thread, where the observer and the reporter both run; the rest is a blocking sleep, so it
+/// rests both. Cheap when it has nothing to do: two relaxed loads when the CPU is not shared
+/// or no traffic flows, a monotonic clock read otherwise, and the thread's CPU clock (a system
+/// call) only once a slice of wall time has passed.
+#[derive(Debug)]
+pub struct Pacer {
+    /// The process may run on one CPU only (affinity, cgroup quota): observer and relay share it.
+    shared_cpu: bool,
+    /// Traffic is flowing: the relay handed the tap new chunks since the observer last looked.
+    live: AtomicBool,
+    /// Start of the current stretch: wall clock (ns since `origin`) and the thread's CPU clock (ns).
+    mark_wall: AtomicU64,
+    mark_cpu: AtomicU64,
+    origin: Instant,
+    /// Rests taken (for `--debug` totals and tests).
+    rests: AtomicU64,
+}
+
+impl Default for Pacer {
+    fn default() -> Self {
+        Pacer::new(std::thread::available_parallelism().is_ok_and(|n| n.get() == 1))
+    }
+}
+
+impl Pacer {
+    /// `shared_cpu`: whether the observer shares its only CPU with the relay (the default
+    /// asks `available_parallelism`, which counts the affinity mask and cgroup CPU quota).
+    pub fn new(shared_cpu: bool) -> Pacer {
+        Pacer {
+            shared_cpu,
+            live: AtomicBool::new(false),
+            mark_wall: AtomicU64::new(0),
+            mark_cpu: AtomicU64::new(0),
+            origin: Instant::now(),
+            rests: AtomicU64::new(0),
+        }
+    }
+
+    pub fn shared_cpu(&self) -> bool {
+        self.shared_cpu
+    }
+
+    /// Rests taken so far.
+    pub fn rests(&self) -> u64 {
+        self.rests.load(Ordering::Relaxed)
+    }
+
+    /// Whether traffic is flowing (the observer decides, from the tap, at each look).
+    pub fn set_live(&self, live: bool) {
+        self.live.store(live, Ordering::Relaxed);
+    }
+
+    /// Rests the calling thread for [`PACE_REST`] if it has had the CPU for a [`PACE_SLICE`] of
+    /// a stretch in which it held the CPU more than half the time, on a shared CPU, while
+    /// traffic flows. Returns whether it rested. A stretch in which the thread mostly waited
+    /// (it ran in the gaps, taking nothing from anybody) just starts over.
+    pub fn pace(&self) -> bool {
+        if !self.shared_cpu || !self.live.load(Ordering::Relaxed) {
+            return false;
+        }
+        let wall = self.wall_ns();
+        let mark_wall = self.mark_wall.load(Ordering::Relaxed);
+        let slice = PACE_SLICE.as_nanos() as u64;
+        let elapsed = wall.saturating_sub(mark_wall);
+        // CPU time never exceeds wall time: no slice can be full yet.
+        if mark_wall != 0 && elapsed < slice {
+            return false;
+        }
+        let Some(cpu) = thread_cpu_ns() else {
+            return false;
+        };
+        let used = cpu.saturating_sub(self.mark_cpu.load(Ordering::Relaxed));
+        if mark_wall != 0 && used < slice {
+            if elapsed >= 4 * slice {
+                self.mark(wall, cpu);
+            }
+            return false;
+        }
+        let rest = mark_wall != 0 && used.saturating_mul(2) > elapsed;
+        if rest {
+            std::thread::sleep(PACE_REST);
+            self.rests.fetch_add(1, Ordering::Relaxed);
+        }
+        self.mark(self.wall_ns(), cpu);
+        rest
+    }
+
+    fn mark(&self, wall: u64, cpu: u64) {
+        // Never 0: 0 means no stretch has started.
+        self.mark_wall.store(wall.max(1), Ordering::Relaxed);
+        self.mark_cpu.store(cpu, Ordering::Relaxed);
+    }
+
+    fn wall_ns(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The calling thread's CPU time, in ns.
+fn thread_cpu_ns() -> Option<u64> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
+    let secs = u64::try_from(t.tv_sec()).ok()?;
+    let nanos = u64::try_from(t.tv_nsec()).ok()?;
+    Some(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spin(d: Duration) {
+        let until = thread_cpu_ns().expect("thread clock") + d.as_nanos() as u64;
+        while thread_cpu_ns().expect("thread clock") < until {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[test]
+    fn rests_only_a_thread_that_works_flat_out_while_traffic_flows() {
+        let p = Pacer::new(true);
+        // No traffic: never rests, however long it works.
+        spin(PACE_SLICE * 3);
+        assert!(!p.pace());
+        p.set_live(true);
+        assert!(!p.pace(), "the first call only starts a stretch");
+        // A full slice of CPU in a stretch it held the CPU for. (Retried: a test thread
+        // preempted mid-spin has, rightly, not held the CPU.)
+        let t0 = Instant::now();
+        let rested = (0..50).any(|_| {
+            spin(PACE_SLICE * 2);
+            p.pace()
+        });
+        assert!(rested, "a thread working flat out rests");
+        assert!(t0.elapsed() >= PACE_REST, "it slept");
+        // A stretch spent mostly waiting (running in the gaps) is no reason to rest.
+        std::thread::sleep(PACE_SLICE * 10);
+        spin(PACE_SLICE + PACE_SLICE / 2);
+        assert!(!p.pace());
+        // Traffic stopped: flat out again.
+        p.set_live(false);
+        spin(PACE_SLICE * 2);
+        assert!(!p.pace());
+    }
+
+    #[test]
+    fn never_rests_on_a_cpu_of_its_own() {
+        let p = Pacer::new(false);
+        p.set_live(true);
+        assert!(!p.pace());
+        spin(PACE_SLICE * 3);
+        assert!(!p.pace());
+        assert!(!p.shared_cpu());
+    }
 
     /// Field `n` (1-based, as in proc(5)) of one thread's stat line; fields from 3 on follow
     /// the `(comm)` field, which may itself contain spaces.

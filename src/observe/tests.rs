@@ -71,6 +71,11 @@ impl T {
     }
 }
 
+/// The observer on a CPU of its own: it never rests.
+fn no_pacing() -> std::sync::Arc<priority::Pacer> {
+    std::sync::Arc::new(priority::Pacer::new(false))
+}
+
 fn call(id: Value, tool: &str, args: Value) -> Value {
     json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":args}})
 }
@@ -597,7 +602,7 @@ async fn tap_observer_splits_chunks_and_stamps_completion_time() {
     use bytes::Bytes;
     let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
     let obs = Observer::new(cfg(), Vec::new());
-    let task = tokio::spawn(run_tap_observer(rx, obs));
+    let task = tokio::spawn(run_tap_observer(rx, obs, no_pacing()));
     let t0 = Instant::now();
     let req = format!("{}\r\n", call(json!(1), "a", json!({"amount": 5})));
     let (r1, r2) = req.split_at(10);
@@ -635,7 +640,7 @@ async fn a_50_mb_result_is_still_correlated() {
     let (mut c2s, mut s2c, rx, stats) =
         crate::tap::tap_with_budget(resp.len() / CHUNK + 16, 2 * resp.len());
     let obs = Observer::new(cfg(), Vec::new());
-    let task = tokio::spawn(run_tap_observer(rx, obs));
+    let task = tokio::spawn(run_tap_observer(rx, obs, no_pacing()));
     let t0 = Instant::now();
     c2s.offer(
         t0,
@@ -667,7 +672,11 @@ async fn a_50_mb_result_is_still_correlated() {
 async fn frames_are_observed_in_relay_time_order_across_directions() {
     use bytes::Bytes;
     let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
-    let task = tokio::spawn(run_tap_observer(rx, Observer::new(cfg(), Vec::new())));
+    let task = tokio::spawn(run_tap_observer(
+        rx,
+        Observer::new(cfg(), Vec::new()),
+        no_pacing(),
+    ));
     let t0 = Instant::now();
     let line = |v: Value| Bytes::from(format!("{v}\n"));
     c2s.offer(t0, line(call(json!(1), "book", json!({}))));
@@ -910,7 +919,7 @@ async fn call_whose_answer_may_be_in_a_tap_drop_makes_no_false_504() {
     let big = format!("{}\n", ok(json!(2))) + &" ".repeat(2_000);
     s2c.offer(t0 + Duration::from_millis(2), Bytes::from(big));
     let obs = Observer::new(cfg(), Vec::new());
-    let task = tokio::spawn(run_tap_observer(rx, obs));
+    let task = tokio::spawn(run_tap_observer(rx, obs, no_pacing()));
     // Once the observer has drained the tap, the budget is free again.
     let limit = Instant::now() + Duration::from_secs(30);
     let dropped = || stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed);
@@ -940,4 +949,53 @@ async fn call_whose_answer_may_be_in_a_tap_drop_makes_no_false_504() {
     assert_eq!(by_tool, vec![("a", 200), ("c", 504)]);
     assert_eq!(stats.unobserved, 1, "call b is counted, not reported");
     assert!(stats.gaps >= 1);
+}
+
+#[tokio::test]
+async fn a_paced_observer_rests_while_traffic_flows_and_loses_nothing() {
+    use bytes::Bytes;
+    const CALLS: u64 = 20_000;
+    const PER_CHUNK: u64 = 50;
+    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
+    // As on a CPU shared with the relay, whatever this machine has.
+    let pacer = std::sync::Arc::new(priority::Pacer::new(true));
+    let task = tokio::spawn(run_tap_observer(
+        rx,
+        Observer::new(cfg(), Vec::new()),
+        pacer.clone(),
+    ));
+    // The relay's side, on a thread of its own, spread over a few hundred ms so the observer
+    // is still busy while chunks keep coming.
+    let relay = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        for first in (0..CALLS).step_by(PER_CHUNK as usize) {
+            let ids = first..first + PER_CHUNK;
+            let reqs: String = ids
+                .clone()
+                .map(|i| format!("{}\n", call(json!(i), "t", json!({}))))
+                .collect();
+            let resps: String = ids.map(|i| format!("{}\n", ok(json!(i)))).collect();
+            let at = t0 + Duration::from_micros(first);
+            c2s.offer(at, Bytes::from(reqs));
+            s2c.offer(at + Duration::from_micros(1), Bytes::from(resps));
+            if first % (PER_CHUNK * 20) == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let end = t0 + Duration::from_secs(1);
+        c2s.close(end);
+        s2c.close(end);
+    });
+    let obs = task.await.expect("observer task");
+    relay.join().expect("relay thread");
+    let (ostats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    let dropped = stats.dropped_chunks[0].load(std::sync::atomic::Ordering::Relaxed)
+        + stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(dropped, 0, "the tap's budget holds the backlog");
+    assert_eq!(events.len() as u64, CALLS, "{ostats:?}");
+    assert!(events.iter().all(|e| e.status == 200));
+    assert!(
+        pacer.rests() > 0,
+        "it worked flat out while chunks came, and rested"
+    );
 }

@@ -69,6 +69,8 @@ pub(crate) struct Batcher {
     pub(crate) published: Arc<Mutex<ReportStats>>,
     /// The batch being filled: its events already filtered and serialised.
     pub(crate) buf: BatchBody,
+    /// Rests this thread with the observer's on a shared CPU (see `observe::priority::Pacer`).
+    pub(crate) pacer: Option<Arc<crate::observe::priority::Pacer>>,
     /// Events lost since the last accepted batch; carried by the next one.
     pub(crate) pending_dropped: u64,
     pub(crate) stats: ReportStats,
@@ -104,6 +106,9 @@ impl Batcher {
             match wake {
                 Wake::Event(ev) => {
                     self.push(ev);
+                    if let Some(p) = &self.pacer {
+                        p.pace();
+                    }
                     if flush_at.is_none() && !self.buf.is_empty() {
                         // Age-based: no event waits longer than the flush interval.
                         flush_at = Some(Instant::now() + self.flush);

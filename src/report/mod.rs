@@ -67,6 +67,9 @@ pub struct ReportConfig {
     pub transport: &'static str,
     /// Per-batch detail on stderr.
     pub debug: bool,
+    /// Paces the reporter with the observer when both run on a CPU shared with the relay
+    /// (stdio); `None` where there is no tap to tell whether traffic flows (HTTP).
+    pub pacer: Option<Arc<crate::observe::priority::Pacer>>,
 }
 
 /// The observer's handle on the queue.
@@ -152,6 +155,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         deadline: deadline_rx,
         published,
         buf: Default::default(),
+        pacer: cfg.pacer.clone(),
         pending_dropped: 0,
         stats: ReportStats::default(),
         log: stats::FailureLog::default(),
