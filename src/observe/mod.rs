@@ -38,7 +38,8 @@
 //!   waits in the reorder window (a frame nothing can overtake is observed in place), at most
 //!   [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a small record; requests
 //!   other than `tools/call` are forgotten after the call timeout.
-//! * Priority and tap drops: the observer's threads run in the idle class ([`priority`]) and fall
+//! * Priority and tap drops: the observer's threads run in the idle class and, on a CPU shared
+//!   with the relay while traffic flows, in short paced slices ([`priority`]); they fall
 //!   behind the relay under sustained load on a shared CPU; if they fall more than the tap's
 //!   budget behind, the tap drops. A call open during a server→client drop that then ends
 //!   unanswered makes no event ([`ObserverStats::unobserved`]): its answer may have been dropped.
