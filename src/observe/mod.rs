@@ -1210,18 +1210,25 @@ fn settled(rx: &TapReceiver, left: &[usize; 2]) -> [bool; 2] {
     ]
 }
 
+/// How the observer keeps pace with what it shares: the reporter's queue (how long it has been
+/// waiting for room, see [`pace_to_sink`]) and the CPU (see [`priority::Pacer`]).
+struct Pace<'a> {
+    stalled: Option<Instant>,
+    pacer: &'a Pacer,
+}
+
 /// Releases what the reorder window allows, a turn at a time, yielding between turns.
 async fn release_paced<S: EventSink>(
     reorder: &mut Reorder,
     obs: &mut Observer<S>,
     drain: bool,
-    stalled_since: &mut Option<Instant>,
     rx: &TapReceiver,
     left: &[usize; 2],
-    pacer: &Pacer,
+    pace: &mut Pace<'_>,
 ) {
+    let pacer = pace.pacer;
     loop {
-        pace_to_sink(obs, stalled_since).await;
+        pace_to_sink(obs, &mut pace.stalled).await;
         let settled = settled(rx, left);
         let now = Instant::now();
         if !reorder.release(obs, now, drain, FRAMES_PER_TURN, settled, pacer) {
@@ -1244,6 +1251,10 @@ pub async fn run_tap_observer<S: EventSink>(
     pacer: std::sync::Arc<Pacer>,
 ) -> Observer<S> {
     let pacer = &*pacer;
+    let mut pace = Pace {
+        stalled: None,
+        pacer,
+    };
     // Traffic flows while the relay keeps handing the tap new chunks; not once it is closing.
     let mut offers = rx.offers();
     let mut flowing = |rx: &TapReceiver, closing: bool| {
@@ -1257,7 +1268,6 @@ pub async fn run_tap_observer<S: EventSink>(
     let mut reorder = Reorder::default();
     let mut batch: VecDeque<TapMsg> = VecDeque::new();
     let mut next_tick = Instant::now() + TICK;
-    let mut stalled: Option<Instant> = None;
     let mut closing = false;
     loop {
         let got = match rx.drain(&mut batch) {
@@ -1282,7 +1292,7 @@ pub async fn run_tap_observer<S: EventSink>(
             }
         }
         while let Some(msg) = batch.pop_front() {
-            pace_to_sink(&observer, &mut stalled).await;
+            pace_to_sink(&observer, &mut pace.stalled).await;
             match msg {
                 TapMsg::Chunk(c) => {
                     let i = c.dir.index();
@@ -1320,32 +1330,14 @@ pub async fn run_tap_observer<S: EventSink>(
                     closing = true;
                 }
             }
-            release_paced(
-                &mut reorder,
-                &mut observer,
-                false,
-                &mut stalled,
-                &rx,
-                &left,
-                pacer,
-            )
-            .await;
+            release_paced(&mut reorder, &mut observer, false, &rx, &left, &mut pace).await;
         }
         let now = Instant::now();
         if now >= next_tick {
             observer.on_tick(now);
             next_tick = now + TICK;
         }
-        release_paced(
-            &mut reorder,
-            &mut observer,
-            false,
-            &mut stalled,
-            &rx,
-            &[0, 0],
-            pacer,
-        )
-        .await;
+        release_paced(&mut reorder, &mut observer, false, &rx, &[0, 0], &mut pace).await;
         if worked && !closing {
             // Linger (see TAP_LINGER); a closing sender cuts it short.
             tokio::select! {
@@ -1360,16 +1352,7 @@ pub async fn run_tap_observer<S: EventSink>(
             .flush(|s| reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, true));
     }
     pacer.set_live(false);
-    release_paced(
-        &mut reorder,
-        &mut observer,
-        true,
-        &mut stalled,
-        &rx,
-        &[0, 0],
-        pacer,
-    )
-    .await;
+    release_paced(&mut reorder, &mut observer, true, &rx, &[0, 0], &mut pace).await;
     observer
 }
 
