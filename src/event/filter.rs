@@ -67,7 +67,9 @@ fn check_text(s: &str, field: &str, non_empty: bool) -> Result<(), FilterError> 
     if non_empty && s.is_empty() {
         return Err(invalid(field, "empty"));
     }
-    if s.chars().any(|c| c.is_ascii_control()) {
+    // Bytes, not chars: an ASCII control character is one byte, and no byte of a multi-byte
+    // character is below 0x80.
+    if s.bytes().any(|b| b.is_ascii_control()) {
         return Err(invalid(field, "control characters"));
     }
     Ok(())
@@ -103,7 +105,9 @@ fn check_token(
     min: usize,
     ok: impl Fn(char) -> bool,
 ) -> Result<(), FilterError> {
-    if s.len() < min || s.len() > max || !s.chars().all(ok) {
+    // Every `ok` accepts ASCII only, so a string passes exactly when each byte is ASCII and
+    // passes: no need to decode characters.
+    if s.len() < min || s.len() > max || !s.bytes().all(|b| b.is_ascii() && ok(char::from(b))) {
         return Err(invalid(field, "bad format"));
     }
     Ok(())
@@ -179,18 +183,16 @@ fn filter_fields_map(m: &Map<String, Value>) -> Result<Map<String, Value>, Filte
     Ok(out)
 }
 
-/// [`filter_fields_map`] on fields the caller owns: what passes is kept as it came.
-fn admit_fields(m: Map<String, Value>) -> Map<String, Value> {
-    let mut out = Map::new();
-    for (k, val) in m {
-        if out.len() >= privacy::MAX_FIELDS {
-            break;
-        }
-        if let Some(kept) = privacy::admit_field(&k, val) {
-            out.insert(k, kept);
-        }
-    }
-    out
+/// [`filter_fields_map`] on fields the caller owns, in place: what passes is kept as it came
+/// (the first [`privacy::MAX_FIELDS`] that pass, in the map's order), without rebuilding the map.
+fn admit_fields(mut m: Map<String, Value>) -> Map<String, Value> {
+    let mut kept = 0usize;
+    m.retain(|k, val| {
+        let keep = kept < privacy::MAX_FIELDS && privacy::field_passes(k, val);
+        kept += usize::from(keep);
+        keep
+    });
+    m
 }
 
 fn id_char(c: char) -> bool {

@@ -228,21 +228,64 @@ fn contains_any(
 
 static PII_DENY_AC: OnceLock<Option<AhoCorasick>> = OnceLock::new();
 
+/// Longest ASCII key normalised on the stack instead of into a `String` (argument keys are
+/// short identifiers; anything longer takes the allocating path, with the same result).
+const STACK_KEY: usize = 128;
+
+/// Calls `f` with [`normalize_key`]`(key)`, without allocating for short ASCII keys: the L2
+/// check runs on every captured key twice per event (capture, then the L3 filter).
+fn with_normalized<R>(key: &str, f: impl FnOnce(&str) -> R) -> R {
+    if key.is_ascii() && key.len() <= STACK_KEY {
+        let mut buf = [0u8; STACK_KEY];
+        let mut n = 0;
+        for b in key.bytes().filter(u8::is_ascii_alphanumeric) {
+            buf[n] = b.to_ascii_lowercase();
+            n += 1;
+        }
+        // Only ASCII bytes were written, so this cannot fail; the fallback keeps it panic-free.
+        if let Ok(k) = std::str::from_utf8(&buf[..n]) {
+            return f(k);
+        }
+    }
+    f(&normalize_key(key))
+}
+
+/// L2 on a key already in normalised form.
+fn is_pii_normalized(k: &str) -> bool {
+    contains_any(&PII_DENY_AC, PII_DENY_SUBSTRINGS, k)
+        || PII_DENY_SUFFIXES.iter().any(|d| k.ends_with(d))
+        || PII_DENY_EXACT.contains(&k)
+}
+
 /// L2: is this key shaped like PII or a credential?
 pub fn is_pii_key(key: &str) -> bool {
-    let k = normalize_key(key);
-    contains_any(&PII_DENY_AC, PII_DENY_SUBSTRINGS, &k)
-        || PII_DENY_SUFFIXES.iter().any(|d| k.ends_with(d))
-        || PII_DENY_EXACT.iter().any(|d| k == *d)
+    with_normalized(key, is_pii_normalized)
 }
+
+/// Bytes at least one of which (ASCII case aside) every [`SECRET_MARKERS`] entry contains: a text
+/// without any of them holds no marker, and the automaton need not run (a test holds the list to
+/// the markers).
+const MARKER_TRIGGERS: &[u8] = b"_- kK";
 
 /// L4: does the text contain, anywhere, a Luhn-valid card number (digits optionally separated by
 /// single spaces or dashes), an e-mail address, a JWT or a well-known secret?
+///
+/// One pass first counts what each detector needs at the least — 13 digits for a card, an `@`
+/// for an e-mail address, two dots for a JWT, a [`MARKER_TRIGGERS`] byte for a secret — and only
+/// the detectors that could match run: most captured values and keys (`EUR`, `4900`,
+/// `currency`) need none of them.
 pub fn contains_sensitive(text: &str) -> bool {
-    contains_card_number(text)
-        || contains_email(text)
-        || contains_jwt(text)
-        || contains_secret_marker(text)
+    let (mut digits, mut dots, mut at, mut trigger) = (0usize, 0usize, false, false);
+    for &b in text.as_bytes() {
+        digits += usize::from(b.is_ascii_digit());
+        dots += usize::from(b == b'.');
+        at |= b == b'@';
+        trigger |= MARKER_TRIGGERS.contains(&b);
+    }
+    (digits >= CARD_MIN_DIGITS && contains_card_number(text))
+        || (at && contains_email(text))
+        || (dots >= 2 && contains_jwt(text))
+        || (trigger && contains_secret_marker(text))
 }
 
 static SECRET_MARKERS_AC: OnceLock<Option<AhoCorasick>> = OnceLock::new();
@@ -426,11 +469,39 @@ impl Scalar<'_> {
 
 /// A number is scrubbed through its decimal text: a 16-digit Luhn-valid integer is a card.
 fn number_admit(n: Number) -> Option<Value> {
-    if contains_sensitive(&n.to_string()) {
-        None
-    } else {
-        Some(Value::Number(n))
+    number_passes(&n).then_some(Value::Number(n))
+}
+
+/// The text of a number, written on the stack: every captured number is scrubbed through it,
+/// twice per event. A text that does not fit (none does: integers take at most 20 bytes, floats
+/// about 25) falls back to an allocated one.
+struct NumText {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl std::fmt::Write for NumText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let dst = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
     }
+}
+
+fn number_passes(n: &Number) -> bool {
+    use std::fmt::Write as _;
+    let mut t = NumText {
+        buf: [0; 48],
+        len: 0,
+    };
+    if write!(t, "{n}").is_ok() {
+        if let Ok(s) = std::str::from_utf8(&t.buf[..t.len]) {
+            return !contains_sensitive(s);
+        }
+    }
+    !contains_sensitive(&n.to_string())
 }
 
 /// L2 + L4 + scalar and length rules on one field, without the allow-set: what the L3 filter
@@ -446,26 +517,31 @@ pub fn scrub_field(key: &str, value: &Value) -> Option<Value> {
 /// [`scrub_field`] on a value the caller owns: a field that passes is returned as it came,
 /// without a copy (the sensor's filter runs this on every field of every event).
 pub fn admit_field(key: &str, value: Value) -> Option<Value> {
+    field_passes(key, &value).then_some(value)
+}
+
+/// Would [`admit_field`] keep this field? (It keeps a field exactly as it came, so the L3 filter
+/// can decide in place.)
+pub fn field_passes(key: &str, value: &Value) -> bool {
     if key.is_empty() || key.len() > MAX_KEY_LEN || is_pii_key(key) || contains_sensitive(key) {
-        return None;
+        return false;
     }
     if key.chars().any(char::is_control) {
-        return None;
+        return false;
     }
     match value {
-        Value::String(s) => {
-            (s.len() <= MAX_VALUE_LEN && !contains_sensitive(&s)).then_some(Value::String(s))
-        }
-        Value::Bool(b) => Some(Value::Bool(b)),
-        Value::Number(n) => number_admit(n),
-        Value::Null | Value::Array(_) | Value::Object(_) => None,
+        Value::String(s) => s.len() <= MAX_VALUE_LEN && !contains_sensitive(s),
+        Value::Bool(_) => true,
+        Value::Number(n) => number_passes(n),
+        Value::Null | Value::Array(_) | Value::Object(_) => false,
     }
 }
 
 /// The sensor's capture decision: the built-in allow-set plus `--capture`, under L2 and L4.
 #[derive(Debug, Clone)]
 pub struct CapturePolicy {
-    /// Normalised allowed keys (built-in set first, then `--capture`).
+    /// Normalised allowed keys (built-in set first, then `--capture`), without those L2 denies:
+    /// L2 depends on the normalised key alone, so a denied entry could never match.
     allowed: Vec<String>,
 }
 
@@ -480,16 +556,17 @@ impl CapturePolicy {
                 allowed.push(n);
             }
         }
+        allowed.retain(|k| !is_pii_normalized(k));
         CapturePolicy { allowed }
     }
 
-    /// Is the key on the allow-set and off the denylist?
+    /// Is the key on the allow-set and off the denylist? The allow-set is asked first: most keys
+    /// are not on it, and it is one normalisation instead of the L2 and L4 scans.
     pub fn allows_key(&self, key: &str) -> bool {
-        if key.is_empty() || key.len() > MAX_KEY_LEN || is_pii_key(key) || contains_sensitive(key) {
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
             return false;
         }
-        let n = normalize_key(key);
-        self.allowed.contains(&n)
+        with_normalized(key, |n| self.allowed.iter().any(|a| a == n)) && !contains_sensitive(key)
     }
 
     /// The value to capture for a top-level argument, or `None`.
@@ -555,6 +632,31 @@ mod tests {
             #![proptest_config(ProptestConfig::with_cases(512))]
 
             #[test]
+            fn prechecked_scan_agrees_with_every_detector(s in "([0-9]{1,5}|[ .@_kK-]|eyJ|sk_live_|\\PC){0,24}") {
+                let full = contains_card_number(&s) || contains_email(&s) || contains_jwt(&s)
+                    || contains_secret_marker(&s);
+                prop_assert_eq!(contains_sensitive(&s), full);
+                prop_assert_eq!(is_pii_key(&s), is_pii_normalized(&normalize_key(&s)));
+            }
+
+            #[test]
+            fn stack_number_text_agrees_with_to_string(i in any::<i64>(), u in any::<u64>(), f in any::<f64>()) {
+                for n in [Number::from(i), Number::from(u)].into_iter().chain(Number::from_f64(f)) {
+                    prop_assert_eq!(number_passes(&n), !contains_sensitive(&n.to_string()));
+                }
+            }
+
+            #[test]
+            fn allow_set_first_decides_like_the_denylist_first(k in "([a-z_]{0,6}|amount|Currency|email|sk_live_|4111111111111111|[-@. ]){0,4}") {
+                let p = CapturePolicy::new(&["sku".into(), "customer_email".into(), "4111111111111111".into()]);
+                let mut unfiltered: Vec<String> = BUILTIN_CAPTURE.iter().map(|s| s.to_string()).collect();
+                unfiltered.extend(["sku".to_string(), "customeremail".to_string(), "4111111111111111".to_string()]);
+                let old = !(k.is_empty() || k.len() > MAX_KEY_LEN || is_pii_key(&k) || contains_sensitive(&k))
+                    && unfiltered.contains(&normalize_key(&k));
+                prop_assert_eq!(p.allows_key(&k), old);
+            }
+
+            #[test]
             fn ascii_fast_path_normalises_like_unicode(s in "[ -~]{0,80}") {
                 let slow: String = s.chars().filter(|c| c.is_alphanumeric()).flat_map(char::to_lowercase).collect();
                 prop_assert_eq!(normalize_key(&s), slow);
@@ -566,6 +668,34 @@ mod tests {
                 prop_assert_eq!(contains_any(&PII_DENY_AC, PII_DENY_SUBSTRINGS, &k), plain_pii_substring(&k));
                 prop_assert_eq!(contains_secret_marker(&s), plain_secret_marker(&s));
             }
+        }
+    }
+
+    #[test]
+    fn every_secret_marker_holds_a_trigger_byte() {
+        for m in SECRET_MARKERS {
+            assert!(
+                m.bytes().any(|b| MARKER_TRIGGERS.contains(&b)),
+                "{m} has no trigger byte: contains_sensitive would skip it"
+            );
+        }
+    }
+
+    #[test]
+    fn prechecks_do_not_hide_any_detector() {
+        for s in [
+            "4111111111111111",
+            "4111 1111 1111 1111",
+            "jane@example.com",
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+            "AKIA1234",
+            "xoxb-1",
+            "Bearer x",
+            "basic x",
+            "-----BEGIN KEY",
+            "github_pat_1",
+        ] {
+            assert!(contains_sensitive(s), "{s}");
         }
     }
 
