@@ -74,6 +74,31 @@ use peek::{peek, Lenient, Peek, PeekError, RpcId};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamId(pub u64);
 
+/// Hashes the observer's own counters (action numbers, [`StreamId`]s): one multiply instead of
+/// SipHash. Only for keys this process makes up; ids a peer chooses (JSON-RPC ids in
+/// [`correlate::Key`]) keep std's keyed hasher, which a peer cannot aim collisions at.
+#[derive(Default, Clone, Copy)]
+struct CounterHasher(u64);
+
+impl std::hash::Hasher for CounterHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: spreads consecutive numbers over the high bits hashbrown's control
+        // bytes use, and keeps them distinct in the low bits it picks buckets with.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A map keyed by a counter of ours (see [`CounterHasher`]).
+type CounterMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<CounterHasher>>;
+
 /// How a transport reaches the server: decides `dest.host` and `sensor.transport`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transport {
@@ -248,10 +273,12 @@ pub struct Observer<S: EventSink> {
     catalog: Catalog,
     /// `serverInfo.name` seen in an `initialize` or `server/discover` result.
     server_name: Option<String>,
+    /// `dest.host` of the next event, built when the server name is learned instead of per event.
+    host: String,
     pending: HashMap<Key, Pending>,
-    actions: HashMap<u64, Action>,
+    actions: CounterMap<u64, Action>,
     next_action: u64,
-    scopes: HashMap<StreamId, ScopeInfo>,
+    scopes: CounterMap<StreamId, ScopeInfo>,
     /// Responses seen before their request (see [`EARLY_RESPONSE_GRACE`]).
     early: HashMap<Key, Early>,
     early_bytes: usize,
@@ -264,7 +291,13 @@ pub struct Observer<S: EventSink> {
 }
 
 impl<S: EventSink> Observer<S> {
-    pub fn new(mut cfg: ObserverConfig, sink: S) -> Self {
+    pub fn new(cfg: ObserverConfig, sink: S) -> Self {
+        let mut observer = Self::unhosted(cfg, sink);
+        observer.refresh_host();
+        observer
+    }
+
+    fn unhosted(mut cfg: ObserverConfig, sink: S) -> Self {
         let policy = CapturePolicy::new(&cfg.capture);
         // A `--name` the envelope cannot carry falls back to `serverInfo.name`.
         cfg.server_name = cfg
@@ -278,10 +311,11 @@ impl<S: EventSink> Observer<S> {
             policy,
             catalog: Catalog::default(),
             server_name: None,
+            host: String::new(),
             pending: HashMap::new(),
-            actions: HashMap::new(),
+            actions: CounterMap::default(),
             next_action: 0,
-            scopes: HashMap::new(),
+            scopes: CounterMap::default(),
             early: HashMap::new(),
             early_bytes: 0,
             stdio_session: new_event_id(),
@@ -545,14 +579,10 @@ impl<S: EventSink> Observer<S> {
         };
         match (&p.method, &p.id) {
             (Lenient::Ok(m), Lenient::Ok(id)) => {
-                let m = m.to_string();
                 let id = id.clone();
-                self.on_request(scope, dir, seen, &m, id, &p, size.len)
+                self.on_request(scope, dir, seen, m, id, &p, size.len)
             }
-            (Lenient::Ok(m), Lenient::Absent) => {
-                let m = m.to_string();
-                self.on_notification(scope, dir, seen, &m, &p)
-            }
+            (Lenient::Ok(m), Lenient::Absent) => self.on_notification(scope, dir, seen, m, &p),
             (Lenient::Absent, Lenient::Ok(id)) => {
                 let id = id.clone();
                 self.on_response(scope, dir, seen, id, &p, msg, size)
@@ -620,7 +650,12 @@ impl<S: EventSink> Observer<S> {
             _ => PendingKind::Other,
         };
         if matches!(kind, PendingKind::ToolCall(_)) || self.pending.len() < MAX_PENDING {
-            let early = self.early.remove(&key);
+            // Nearly always empty: skip hashing the key for it.
+            let early = if self.early.is_empty() {
+                None
+            } else {
+                self.early.remove(&key)
+            };
             if let Some(e) = &early {
                 self.early_bytes -= e.msg.len();
             }
@@ -792,6 +827,46 @@ impl<S: EventSink> Observer<S> {
         })
     }
 
+    /// What [`Self::session_for`] says now, or else `snapshot`, when the scope is still open;
+    /// `snapshot` when it is gone. Refreshes the snapshot's strings in place rather than building
+    /// a second session per event.
+    fn refresh_session(&self, scope: StreamId, snapshot: Option<Session>) -> Option<Session> {
+        let Some(info) = self.scopes.get(&scope) else {
+            return snapshot;
+        };
+        let id = match self.cfg.transport {
+            Transport::Stdio => Some(&self.stdio_session),
+            Transport::Http { .. } => info.session_id.as_ref(),
+        };
+        let Some(id) = id else {
+            return snapshot;
+        };
+        let protocol = info
+            .protocol_negotiated
+            .as_ref()
+            .or(info.protocol_requested.as_ref());
+        let client = info.client.as_ref();
+        fn assign(dst: &mut Option<String>, src: Option<&String>) {
+            match (dst.as_mut(), src) {
+                (Some(d), Some(s)) => d.clone_from(s),
+                (_, s) => *dst = s.cloned(),
+            }
+        }
+        Some(match snapshot {
+            Some(mut s) => {
+                s.id.clone_from(id);
+                assign(&mut s.protocol, protocol);
+                assign(&mut s.client, client);
+                s
+            }
+            None => Session {
+                id: id.clone(),
+                protocol: protocol.cloned(),
+                client: client.cloned(),
+            },
+        })
+    }
+
     fn on_notification(
         &mut self,
         scope: StreamId,
@@ -856,7 +931,7 @@ impl<S: EventSink> Observer<S> {
             return;
         };
         match pending.kind {
-            PendingKind::ToolCall(aid) => self.on_tool_response(aid, seen, p, size.len),
+            PendingKind::ToolCall(aid) => self.on_tool_response(aid, seen, p, size.len, &key),
             PendingKind::ToolsList { .. } if size.partial => {
                 // Only part of the catalog was seen: no version is better than a wrong one.
                 self.catalog.invalidate();
@@ -888,6 +963,7 @@ impl<S: EventSink> Observer<S> {
                 if let Some(n) = info.and_then(|i| lenient_str(&i.name)) {
                     if let Some(n) = clean(n, MAX_INFO_LEN) {
                         self.server_name = Some(n);
+                        self.refresh_host();
                     }
                 }
                 if pending.kind == PendingKind::Initialize {
@@ -915,7 +991,15 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
-    fn on_tool_response(&mut self, aid: u64, seen: Instant, p: &Peek<'_>, len: u64) {
+    /// `answered`: the request key whose pending entry the caller already removed.
+    fn on_tool_response(
+        &mut self,
+        aid: u64,
+        seen: Instant,
+        p: &Peek<'_>,
+        len: u64,
+        answered: &Key,
+    ) {
         let Some(a) = self.actions.get_mut(&aid) else {
             return;
         };
@@ -942,41 +1026,61 @@ impl<S: EventSink> Observer<S> {
             self.count_malformed();
             Outcome::Success
         };
-        self.finish_action(aid, outcome, seen);
+        self.finish_action_answered(aid, outcome, seen, Some(answered));
+    }
+
+    /// `dest.host`: the upstream (HTTP), or `mcp://` and the server's name (stdio).
+    fn refresh_host(&mut self) {
+        self.host = match &self.cfg.transport {
+            Transport::Stdio => {
+                let server = self
+                    .cfg
+                    .server_name
+                    .as_deref()
+                    .or(self.server_name.as_deref())
+                    .unwrap_or(crate::config::DEFAULT_SERVER_NAME);
+                format!("mcp://{server}")
+            }
+            Transport::Http { host } => host.clone(),
+        };
     }
 
     fn finish_action(&mut self, aid: u64, outcome: Outcome, end: Instant) {
+        self.finish_action_answered(aid, outcome, end, None);
+    }
+
+    /// [`Self::finish_action`] when the pending entry of `answered` is already gone (the
+    /// response path removed it): saves hashing the key again.
+    fn finish_action_answered(
+        &mut self,
+        aid: u64,
+        outcome: Outcome,
+        end: Instant,
+        answered: Option<&Key>,
+    ) {
         let Some(a) = self.actions.remove(&aid) else {
             return;
         };
         if let ActionState::InFlight(key) = &a.state {
-            self.pending.remove(key);
+            if answered != Some(key) {
+                self.pending.remove(key);
+            }
         }
         let unanswered = matches!(outcome, Outcome::Timeout | Outcome::Transport);
         if unanswered && self.s2c_gap.is_some_and(|g| a.started < g) {
             self.stats.unobserved += 1;
             return;
         }
-        let server = self
-            .cfg
-            .server_name
-            .clone()
-            .or_else(|| self.server_name.clone())
-            .unwrap_or_else(|| crate::config::DEFAULT_SERVER_NAME.to_string());
-        let host = match &self.cfg.transport {
-            Transport::Stdio => format!("mcp://{server}"),
-            Transport::Http { host } => host.clone(),
-        };
+        let host = self.host.clone();
         // The scope's facts may have been completed after the call started (HTTP learns the
         // session id from a response header); a scope already gone keeps the snapshot.
-        let session = if self.scopes.contains_key(&a.scope) {
-            self.session_for(a.scope).or(a.session)
-        } else {
-            a.session
-        };
+        let session = self.refresh_session(a.scope, a.session);
         let dur = end.saturating_duration_since(a.started);
         // Microsecond resolution: sub-ms precision without pretending to nanoseconds.
         let dur_ms = (dur.as_nanos() / 1_000) as f64 / 1_000.0;
+        let mut path_template = String::with_capacity(1 + a.tool.len());
+        path_template.push('/');
+        path_template.push_str(&a.tool);
         let event = Event {
             v: crate::event::EVENT_SCHEMA_VERSION,
             id: new_event_id(),
@@ -984,13 +1088,13 @@ impl<S: EventSink> Observer<S> {
             class: outcome.class(),
             rec: Rec {
                 rail: "mcp".to_string(),
-                action: a.tool.clone(),
+                action: a.tool,
                 registry_version: a.registry_version,
                 fields: a.fields,
             },
             dest: Dest {
                 host,
-                path_template: format!("/{}", a.tool),
+                path_template,
                 method: "POST".to_string(),
             },
             actor: Actor {
