@@ -161,9 +161,40 @@ fn check_timestamp(s: &str) -> Result<(), FilterError> {
     if !zone_ok {
         return Err(invalid("ts", "not RFC 3339"));
     }
+    if plain_utc_ms_instant(b) {
+        return Ok(());
+    }
     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
         .map_err(|_| invalid("ts", "not a valid instant"))?;
     Ok(())
+}
+
+/// True when `b`, already of the timestamp's shape, is the form the sensor writes
+/// (`YYYY-MM-DDTHH:MM:SS.sssZ`) and a real date and time without a leap second: then the `time`
+/// crate's RFC 3339 parser accepts it too (a proptest holds the two together) and need not run
+/// on every event. False decides nothing: the parser does.
+fn plain_utc_ms_instant(b: &[u8]) -> bool {
+    if b.len() != 24 || b[19] != b'.' || b[23] != b'Z' || !b[20..23].iter().all(u8::is_ascii_digit)
+    {
+        return false;
+    }
+    let num = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .fold(0u32, |n, d| n * 10 + u32::from(d.wrapping_sub(b'0')))
+    };
+    let (year, month, day) = (num(0..4), num(5..7), num(8..10));
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days_in_month = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    (1..=days_in_month).contains(&day)
+        && num(11..13) <= 23
+        && num(14..16) <= 59
+        && num(17..19) <= 59
 }
 
 fn filter_fields(v: &Value) -> Result<Map<String, Value>, FilterError> {
@@ -499,6 +530,31 @@ pub(crate) mod tests {
             "bytes": {"req": 120, "resp": 80},
             "session": {"id": "abcd", "protocol": "2025-06-18", "client": "claude"}
         })
+    }
+
+    #[test]
+    fn plain_timestamp_fast_path_agrees_on_every_month_end() {
+        for y in [
+            0u32, 1, 4, 100, 400, 1900, 1970, 2000, 2024, 2026, 2100, 9999,
+        ] {
+            for mo in 1..=12u32 {
+                for d in 27..=32u32 {
+                    for (h, mi, sec) in [(0u32, 0u32, 0u32), (23, 59, 59), (23, 59, 60), (24, 0, 0)]
+                    {
+                        let ts = format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{sec:02}.999Z");
+                        let parsed = time::OffsetDateTime::parse(
+                            &ts,
+                            &time::format_description::well_known::Rfc3339,
+                        )
+                        .is_ok();
+                        assert_eq!(check_timestamp(&ts).is_ok(), parsed, "{ts}");
+                        if plain_utc_ms_instant(ts.as_bytes()) {
+                            assert!(parsed, "{ts}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -852,6 +908,20 @@ pub(crate) mod tests {
 
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn plain_timestamps_are_what_the_time_parser_accepts(
+                y in 0u32..10_000, mo in 0u32..14, d in 0u32..33, h in 0u32..25, mi in 0u32..61,
+                sec in 0u32..62, ms in 0u32..1000,
+            ) {
+                let ts = format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{sec:02}.{ms:03}Z");
+                let parsed = time::OffsetDateTime::parse(
+                    &ts, &time::format_description::well_known::Rfc3339).is_ok();
+                if plain_utc_ms_instant(ts.as_bytes()) {
+                    prop_assert!(parsed, "{}", ts);
+                }
+                prop_assert_eq!(check_timestamp(&ts).is_ok(), parsed, "{}", ts);
+            }
 
             #[test]
             fn typed_filter_equals_the_value_filter(e in any_built_event()) {

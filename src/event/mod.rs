@@ -268,7 +268,56 @@ pub(crate) fn hex_lower(b: &[u8]) -> String {
 }
 
 /// RFC 3339 UTC with milliseconds, e.g. `2026-11-29T19:13:27.123Z`.
+///
+/// Written by hand for instants from 1970 to 9999 (every event's `ts`): the `time` crate's
+/// formatter, which walks a format description per call, was a visible part of the cost of an
+/// event. A test holds it to that formatter, which still writes every other instant.
 pub fn rfc3339_ms(t: std::time::SystemTime) -> String {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) if d.as_secs() < SECS_TO_YEAR_10000 => rfc3339_ms_epoch(d),
+        _ => rfc3339_ms_time(t),
+    }
+}
+
+/// Seconds from 1970-01-01 to 10000-01-01: past it the year has five digits.
+const SECS_TO_YEAR_10000: u64 = 253_402_300_800;
+
+/// [`rfc3339_ms`] of an instant `d` after the epoch, before year 10000.
+fn rfc3339_ms_epoch(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    let (days, sod) = (secs / 86_400, secs % 86_400);
+    // Civil date from a day count (H. Hinnant, "chrono-Compatible Low-Level Date Algorithms"),
+    // in unsigned arithmetic: the day count is never negative here.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    let millis = u64::from(d.subsec_millis());
+    let mut b = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: u64| {
+        for i in (at..at + width).rev() {
+            // `v % 10` is a single digit.
+            b[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, sod / 3_600);
+    put(14, 2, sod / 60 % 60);
+    put(17, 2, sod % 60);
+    put(20, 3, millis);
+    b.iter().map(|&c| char::from(c)).collect()
+}
+
+/// [`rfc3339_ms`] through the `time` crate, for any instant.
+fn rfc3339_ms_time(t: std::time::SystemTime) -> String {
     let dt = time::OffsetDateTime::from(t);
     let fmt = time::macros::format_description!(
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
@@ -318,6 +367,36 @@ mod tests {
                 "each event as L3 leaves it"
             );
         }
+    }
+
+    #[test]
+    fn hand_written_timestamps_match_the_time_crate() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let mut instants = vec![
+            0,
+            59,
+            86_399,
+            86_400,
+            951_782_400,   // 2000-02-29
+            951_868_800,   // 2000-03-01
+            4_107_456_000, // 2100-02-28
+            SECS_TO_YEAR_10000 - 1,
+        ];
+        // A deterministic spread over the whole range (an LCG), plus every day of a few years.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..200_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            instants.push((x >> 11) % SECS_TO_YEAR_10000);
+        }
+        instants.extend((0..4 * 366).map(|d| 1_767_225_600 + d * 86_400 + d * 37 % 86_400));
+        for (i, s) in instants.into_iter().enumerate() {
+            let nanos = (s.wrapping_mul(2_654_435_761) % 1_000_000_000) as u32;
+            let nanos = if i % 3 == 0 { 999_999_999 } else { nanos };
+            let t = UNIX_EPOCH + Duration::new(s, nanos);
+            assert_eq!(rfc3339_ms(t), rfc3339_ms_time(t), "{s}.{nanos}");
+        }
+        let past = UNIX_EPOCH - Duration::from_millis(1_500);
+        assert_eq!(rfc3339_ms(past), "1969-12-31T23:59:58.500Z");
     }
 
     #[test]
