@@ -876,7 +876,7 @@ pub(crate) mod tests {
                             EventClass::Action
                         },
                         rec: Rec {
-                            rail,
+                            rail: rail.into(),
                             action,
                             registry_version: reg,
                             fields,
@@ -884,12 +884,12 @@ pub(crate) mod tests {
                         dest: Dest {
                             host,
                             path_template: path,
-                            method,
+                            method: method.into(),
                         },
                         actor: Actor {
                             id: aid,
-                            kind,
-                            grade,
+                            kind: kind.into(),
+                            grade: grade.into(),
                         },
                         on_behalf_of: obo,
                         status,

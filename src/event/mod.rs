@@ -9,6 +9,8 @@
 pub mod filter;
 pub mod privacy;
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -26,8 +28,8 @@ pub enum EventClass {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rec {
-    /// Always `"mcp"`.
-    pub rail: String,
+    /// Always `"mcp"`. A `Cow` so the sensor's constant costs no allocation per event.
+    pub rail: Cow<'static, str>,
     /// The tool name.
     pub action: String,
     /// Short hash of the `tools/list` catalog the call was made against; null until one was seen.
@@ -44,14 +46,17 @@ pub struct Dest {
     pub host: String,
     #[serde(rename = "pathTemplate")]
     pub path_template: String,
-    pub method: String,
+    /// Always `"POST"` from the sensor (a `Cow`, like the other constants).
+    pub method: Cow<'static, str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Actor {
     pub id: String,
-    pub kind: String,
-    pub grade: String,
+    /// `"agent"` from the sensor (a `Cow`, like the other constants).
+    pub kind: Cow<'static, str>,
+    /// `"attested"` from the sensor.
+    pub grade: Cow<'static, str>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -1087,7 +1087,7 @@ impl<S: EventSink> Observer<S> {
             ts: rfc3339_ms(a.started_wall),
             class: outcome.class(),
             rec: Rec {
-                rail: "mcp".to_string(),
+                rail: "mcp".into(),
                 action: a.tool,
                 registry_version: a.registry_version,
                 fields: a.fields,
@@ -1095,12 +1095,12 @@ impl<S: EventSink> Observer<S> {
             dest: Dest {
                 host,
                 path_template,
-                method: "POST".to_string(),
+                method: "POST".into(),
             },
             actor: Actor {
                 id: self.cfg.actor.clone(),
-                kind: "agent".to_string(),
-                grade: "attested".to_string(),
+                kind: "agent".into(),
+                grade: "attested".into(),
             },
             on_behalf_of: a.on_behalf_of,
             status: outcome.status(),
