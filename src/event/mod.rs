@@ -318,7 +318,11 @@ fn rfc3339_ms_epoch(d: std::time::Duration) -> String {
     put(14, 2, sod / 60 % 60);
     put(17, 2, sod % 60);
     put(20, 3, millis);
-    b.iter().map(|&c| char::from(c)).collect()
+    // Only ASCII digits and separators were written; the fallback keeps it panic-free.
+    std::str::from_utf8(&b).map_or_else(
+        |_| rfc3339_ms_time(std::time::UNIX_EPOCH + d),
+        str::to_owned,
+    )
 }
 
 /// [`rfc3339_ms`] through the `time` crate, for any instant.
