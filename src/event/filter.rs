@@ -882,12 +882,12 @@ pub(crate) mod tests {
                             fields,
                         },
                         dest: Dest {
-                            host,
+                            host: host.into(),
                             path_template: path,
                             method: method.into(),
                         },
                         actor: Actor {
-                            id: aid,
+                            id: aid.into(),
                             kind: kind.into(),
                             grade: grade.into(),
                         },
@@ -896,9 +896,9 @@ pub(crate) mod tests {
                         dur_ms,
                         bytes: ByteSizes { req, resp },
                         session: session.map(|(id, protocol, client)| Session {
-                            id,
-                            protocol,
-                            client,
+                            id: id.into(),
+                            protocol: protocol.map(Into::into),
+                            client: client.map(Into::into),
                         }),
                         err: err.map(|(kind, code)| EventErr { kind, code }),
                     },

@@ -10,6 +10,7 @@ pub mod filter;
 pub mod privacy;
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -18,6 +19,91 @@ pub use filter::{filter_event, validate_and_filter_event, FilterError, EVENT_SCH
 
 /// Most events in one batch (DESIGN §4).
 pub const MAX_BATCH_EVENTS: usize = 500;
+
+/// A string many events carry unchanged (`dest.host`, `actor.id`, the session's facts): every
+/// event holding it shares one allocation, so building an event copies a pointer, not the text.
+/// Serialises and deserialises as a plain JSON string, and compares with `str` like a `String`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SharedStr(Arc<str>);
+
+impl SharedStr {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SharedStr {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for SharedStr {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SharedStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl std::fmt::Display for SharedStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl From<&str> for SharedStr {
+    fn from(s: &str) -> Self {
+        SharedStr(Arc::from(s))
+    }
+}
+
+impl From<String> for SharedStr {
+    fn from(s: String) -> Self {
+        SharedStr(Arc::from(s))
+    }
+}
+
+impl From<&String> for SharedStr {
+    fn from(s: &String) -> Self {
+        SharedStr(Arc::from(s.as_str()))
+    }
+}
+
+impl PartialEq<str> for SharedStr {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for SharedStr {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl PartialEq<String> for SharedStr {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl Serialize for SharedStr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedStr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(SharedStr::from)
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -43,7 +129,7 @@ pub struct Rec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Dest {
     /// `mcp://<serverName>` (stdio) or the upstream's `host[:port]` (HTTP).
-    pub host: String,
+    pub host: SharedStr,
     #[serde(rename = "pathTemplate")]
     pub path_template: String,
     /// Always `"POST"` from the sensor (a `Cow`, like the other constants).
@@ -52,7 +138,7 @@ pub struct Dest {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Actor {
-    pub id: String,
+    pub id: SharedStr,
     /// `"agent"` from the sensor (a `Cow`, like the other constants).
     pub kind: Cow<'static, str>,
     /// `"attested"` from the sensor.
@@ -68,11 +154,11 @@ pub struct ByteSizes {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Session {
     /// Random per wrapper process (stdio), or a hash of `Mcp-Session-Id` (HTTP; never the raw value).
-    pub id: String,
+    pub id: SharedStr,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<String>,
+    pub protocol: Option<SharedStr>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub client: Option<String>,
+    pub client: Option<SharedStr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

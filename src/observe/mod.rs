@@ -58,7 +58,7 @@ use serde_json::Map;
 
 use crate::event::privacy::CapturePolicy;
 use crate::event::{
-    new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session,
+    new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
 };
 use crate::tap::{Direction, Drained, TapMsg, TapReceiver};
 use priority::Pacer;
@@ -197,12 +197,12 @@ const MAX_INFO_LEN: usize = 128;
 /// Per-scope session facts.
 #[derive(Debug, Clone, Default)]
 struct ScopeInfo {
-    session_id: Option<String>,
+    session_id: Option<SharedStr>,
     /// From the `initialize` result (negotiated).
-    protocol_negotiated: Option<String>,
+    protocol_negotiated: Option<SharedStr>,
     /// From the `initialize` request or a 2026-07-28 request's `_meta`.
-    protocol_requested: Option<String>,
-    client: Option<String>,
+    protocol_requested: Option<SharedStr>,
+    client: Option<SharedStr>,
 }
 
 /// Which warnings were already printed (at most one each).
@@ -274,7 +274,9 @@ pub struct Observer<S: EventSink> {
     /// `serverInfo.name` seen in an `initialize` or `server/discover` result.
     server_name: Option<String>,
     /// `dest.host` of the next event, built when the server name is learned instead of per event.
-    host: String,
+    host: SharedStr,
+    /// `actor.id`, shared by every event.
+    actor: SharedStr,
     pending: HashMap<Key, Pending>,
     actions: CounterMap<u64, Action>,
     next_action: u64,
@@ -283,7 +285,7 @@ pub struct Observer<S: EventSink> {
     early: HashMap<Key, Early>,
     early_bytes: usize,
     /// Stdio: one random session id per wrapper process.
-    stdio_session: String,
+    stdio_session: SharedStr,
     /// Relay time of the first server→client chunk after the latest tap drop in that
     /// direction: a call started before it may have had its answer dropped.
     s2c_gap: Option<Instant>,
@@ -304,6 +306,7 @@ impl<S: EventSink> Observer<S> {
             .server_name
             .as_deref()
             .and_then(|n| clean(n, MAX_INFO_LEN));
+        let actor = SharedStr::from(&cfg.actor);
         Observer {
             cfg,
             sink,
@@ -311,14 +314,15 @@ impl<S: EventSink> Observer<S> {
             policy,
             catalog: Catalog::default(),
             server_name: None,
-            host: String::new(),
+            host: SharedStr::from(""),
+            actor,
             pending: HashMap::new(),
             actions: CounterMap::default(),
             next_action: 0,
             scopes: CounterMap::default(),
             early: HashMap::new(),
             early_bytes: 0,
-            stdio_session: new_event_id(),
+            stdio_session: new_event_id().into(),
             s2c_gap: None,
             warned: Warned::default(),
         }
@@ -433,7 +437,7 @@ impl<S: EventSink> Observer<S> {
 
     /// HTTP: events in `scope` carry `session.id = session_hash` (a hash, never the raw id).
     pub fn set_scope_session(&mut self, scope: StreamId, session_hash: String) {
-        self.scopes.entry(scope).or_default().session_id = Some(session_hash);
+        self.scopes.entry(scope).or_default().session_id = Some(session_hash.into());
     }
 
     /// HTTP: the scope is over (DELETE, session gone, or a stateless POST finished, or the
@@ -638,10 +642,10 @@ impl<S: EventSink> Observer<S> {
                 if let Some(params) = params {
                     let info = self.scopes.entry(scope).or_default();
                     if let Some(v) = lenient_str(&params.protocol_version) {
-                        info.protocol_requested = clean(v, MAX_INFO_LEN);
+                        info.protocol_requested = clean(v, MAX_INFO_LEN).map(SharedStr::from);
                     }
                     if let Some(n) = params.client_info.ok().and_then(|c| lenient_str(&c.name)) {
-                        info.client = clean(n, MAX_INFO_LEN);
+                        info.client = clean(n, MAX_INFO_LEN).map(SharedStr::from);
                     }
                 }
                 PendingKind::Initialize
@@ -687,12 +691,15 @@ impl<S: EventSink> Observer<S> {
         let Some(meta) = p.params.ok().and_then(|p| p.meta.ok()) else {
             return;
         };
-        let version = lenient_str(&meta.protocol_version).and_then(|v| clean(v, MAX_INFO_LEN));
+        let version = lenient_str(&meta.protocol_version)
+            .and_then(|v| clean(v, MAX_INFO_LEN))
+            .map(SharedStr::from);
         let client = meta
             .client_info
             .ok()
             .and_then(|c| lenient_str(&c.name))
-            .and_then(|n| clean(n, MAX_INFO_LEN));
+            .and_then(|n| clean(n, MAX_INFO_LEN))
+            .map(SharedStr::from);
         if version.is_none() && client.is_none() {
             return;
         }
@@ -828,43 +835,13 @@ impl<S: EventSink> Observer<S> {
     }
 
     /// What [`Self::session_for`] says now, or else `snapshot`, when the scope is still open;
-    /// `snapshot` when it is gone. Refreshes the snapshot's strings in place rather than building
-    /// a second session per event.
+    /// `snapshot` when it is gone.
     fn refresh_session(&self, scope: StreamId, snapshot: Option<Session>) -> Option<Session> {
-        let Some(info) = self.scopes.get(&scope) else {
-            return snapshot;
-        };
-        let id = match self.cfg.transport {
-            Transport::Stdio => Some(&self.stdio_session),
-            Transport::Http { .. } => info.session_id.as_ref(),
-        };
-        let Some(id) = id else {
-            return snapshot;
-        };
-        let protocol = info
-            .protocol_negotiated
-            .as_ref()
-            .or(info.protocol_requested.as_ref());
-        let client = info.client.as_ref();
-        fn assign(dst: &mut Option<String>, src: Option<&String>) {
-            match (dst.as_mut(), src) {
-                (Some(d), Some(s)) => d.clone_from(s),
-                (_, s) => *dst = s.cloned(),
-            }
+        if self.scopes.contains_key(&scope) {
+            self.session_for(scope).or(snapshot)
+        } else {
+            snapshot
         }
-        Some(match snapshot {
-            Some(mut s) => {
-                s.id.clone_from(id);
-                assign(&mut s.protocol, protocol);
-                assign(&mut s.client, client);
-                s
-            }
-            None => Session {
-                id: id.clone(),
-                protocol: protocol.cloned(),
-                client: client.cloned(),
-            },
-        })
     }
 
     fn on_notification(
@@ -969,7 +946,7 @@ impl<S: EventSink> Observer<S> {
                 if pending.kind == PendingKind::Initialize {
                     if let Some(v) = lenient_str(&r.protocol_version) {
                         self.scopes.entry(scope).or_default().protocol_negotiated =
-                            clean(v, MAX_INFO_LEN);
+                            clean(v, MAX_INFO_LEN).map(SharedStr::from);
                     }
                 }
             }
@@ -1039,9 +1016,9 @@ impl<S: EventSink> Observer<S> {
                     .as_deref()
                     .or(self.server_name.as_deref())
                     .unwrap_or(crate::config::DEFAULT_SERVER_NAME);
-                format!("mcp://{server}")
+                format!("mcp://{server}").into()
             }
-            Transport::Http { host } => host.clone(),
+            Transport::Http { host } => host.into(),
         };
     }
 
@@ -1098,7 +1075,7 @@ impl<S: EventSink> Observer<S> {
                 method: "POST".into(),
             },
             actor: Actor {
-                id: self.cfg.actor.clone(),
+                id: self.actor.clone(),
                 kind: "agent".into(),
                 grade: "attested".into(),
             },
