@@ -271,7 +271,7 @@ const MARKER_TRIGGERS: &[u8] = b"_- kK";
 /// single spaces or dashes), an e-mail address, a JWT or a well-known secret?
 ///
 /// One pass first counts what each detector needs at the least — 13 digits for a card, an `@`
-/// for an e-mail address, two dots for a JWT, a [`MARKER_TRIGGERS`] byte for a secret — and only
+/// for an e-mail address, two dots for a JWT, a `MARKER_TRIGGERS` byte for a secret — and only
 /// the detectors that could match run: most captured values and keys (`EUR`, `4900`,
 /// `currency`) need none of them.
 pub fn contains_sensitive(text: &str) -> bool {
