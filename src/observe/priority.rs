@@ -21,9 +21,10 @@
 //! out: when traffic has stopped, and also in a stretch where the relay did not get to run
 //! between two of its looks. That last case is the one a stricter rule would catch, and it was
 //! measured: pacing for as long as the relay offered anything in the last 5 ms took the
-//! observer's CPU inside a pinned pipelined burst from ~0.13 to ~0.01 µs per call, but the rests'
-//! timer wake-ups cost sequential calls their p99 (added p99 1.2–1.3 → 1.4–2.0 × the minimal
-//! relay's), so this looser rule is the one in use.
+//! observer's CPU inside a pinned pipelined burst from ~0.13 to ~0.01 µs per call, but cost
+//! sequential calls their p99 (added p99 1.2–2.0 × the minimal relay's in five sets, four over
+//! the 1.3 target, against 1.2–1.3; the rests' timer wake-ups are the likely cause), so this
+//! looser rule is the one in use.
 //!
 //! The price: on a CPU kept busy by the relay the observer gets a smaller share, so a long
 //! enough burst can outrun it; then the tap's byte budget bounds the backlog, and the calls it
