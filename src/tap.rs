@@ -22,9 +22,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::observe::frame::{Summarize, SUMMARIZE};
+use crate::observe::frame::{head_has_mark, Summarize, CATALOG_MARK, SUMMARIZE};
 #[cfg(doc)]
-use crate::observe::frame::{SUMMARY_HEAD, SUMMARY_TAIL, WHOLE_FRAME_BYTES};
+use crate::observe::frame::{CATALOG_FRAME_BYTES, SUMMARY_HEAD, SUMMARY_TAIL, WHOLE_FRAME_BYTES};
 
 /// Which way a message travels. Correlation is keyed by direction and id (DESIGN §2a).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -139,9 +139,10 @@ pub struct TapSender {
 /// The sender's view of frame boundaries, so that only what the observer reads of a large
 /// message crosses the tap. Every frame's first [`SUMMARY_HEAD`] bytes are passed at once. Beyond
 /// that a JSON object frame's chunks are held (zero-copy, they are the relay's own read
-/// buffers) until its newline: a frame that ends within [`WHOLE_FRAME_BYTES`] is then passed
-/// whole, a longer one only with its last [`SUMMARY_TAIL`] or more bytes, the middle counted in
-/// [`TapChunk::skipped`]. A 50 MB tool result thus costs the observer (and the tap's budget)
+/// buffers) until its newline: a frame that ends within [`WHOLE_FRAME_BYTES`] (or
+/// [`CATALOG_FRAME_BYTES`] when its head holds [`CATALOG_MARK`], the same rule the observer's
+/// splitter applies) is then passed whole, a longer one only with its last [`SUMMARY_TAIL`] or
+/// more bytes, the middle counted in [`TapChunk::skipped`]. A 50 MB tool result thus costs the observer (and the tap's budget)
 /// what a message of a few hundred KiB does. Frames that are not JSON objects (batches,
 /// non-JSON lines) pass whole as before. Costs the relay thread one newline search per chunk
 /// (~9 µs per MB), on bytes it just read and that are still in cache.
@@ -156,7 +157,16 @@ struct Trim {
     held_bytes: usize,
     /// Bytes of the current frame dropped from the front of `held`.
     skipped: u64,
+    /// The current frame's head holds [`CATALOG_MARK`].
+    marked: bool,
+    /// The last bytes of the current frame's head seen so far, in case the mark straddles two
+    /// reads.
+    carry: [u8; CARRY],
+    carry_len: usize,
 }
+
+/// Bytes of a head kept between reads: one less than the mark, so a straddling mark is found.
+const CARRY: usize = CATALOG_MARK.len() - 1;
 
 impl Default for Trim {
     fn default() -> Self {
@@ -173,6 +183,42 @@ impl Trim {
             held: VecDeque::new(),
             held_bytes: 0,
             skipped: 0,
+            marked: false,
+            carry: [0; CARRY],
+            carry_len: 0,
+        }
+    }
+
+    /// Largest the current frame may grow and still be passed whole.
+    fn limit(&self) -> u64 {
+        if self.marked {
+            self.limits.catalog as u64
+        } else {
+            self.limits.whole as u64
+        }
+    }
+
+    /// Looks for [`CATALOG_MARK`] in `piece`, the current frame's bytes from offset `at`, as far
+    /// as they lie within its head.
+    fn scan_head(&mut self, at: u64, piece: &[u8]) {
+        let head = self.limits.head as u64;
+        if self.marked || at >= head {
+            return;
+        }
+        let piece = &piece[..piece.len().min((head - at) as usize)];
+        let carried = &self.carry[..self.carry_len];
+        self.marked = head_has_mark(carried, piece, carried.len() + piece.len());
+        if piece.len() >= CARRY {
+            self.carry.copy_from_slice(&piece[piece.len() - CARRY..]);
+            self.carry_len = CARRY;
+        } else {
+            let mut joined = [0u8; 2 * CARRY];
+            let n = self.carry_len + piece.len();
+            joined[..self.carry_len].copy_from_slice(&self.carry[..self.carry_len]);
+            joined[self.carry_len..n].copy_from_slice(piece);
+            let keep = n.min(CARRY);
+            self.carry[..keep].copy_from_slice(&joined[n - keep..n]);
+            self.carry_len = keep;
         }
     }
 
@@ -184,6 +230,7 @@ impl Trim {
         let Some(last_nl) = memchr::memrchr(b'\n', &bytes) else {
             self.note_start(&bytes);
             let before = self.frame_len;
+            self.scan_head(before, &bytes);
             self.frame_len += bytes.len() as u64;
             // The chunk reaching past the head is passed too: the observer's head is then
             // complete whatever the read sizes.
@@ -193,7 +240,7 @@ impl Trim {
             }
             self.held_bytes += bytes.len();
             self.held.push_back((seen, bytes));
-            if self.frame_len > self.limits.whole as u64 {
+            if self.frame_len > self.limit() {
                 while let Some((_, front)) = self.held.front() {
                     if self.held_bytes - front.len() < self.limits.tail {
                         break;
@@ -209,7 +256,10 @@ impl Trim {
         let next = &bytes[last_nl + 1..];
         self.frame_len = next.len() as u64;
         self.first = None;
+        self.marked = false;
+        self.carry_len = 0;
         self.note_start(next);
+        self.scan_head(0, next);
         pass(seen, bytes, skipped);
     }
 
@@ -572,6 +622,7 @@ mod tests {
 
     const SMALL: Summarize = Summarize {
         whole: 1024,
+        catalog: 4096,
         head: 128,
         tail: 128,
     };
@@ -668,6 +719,12 @@ mod tests {
             (0usize..1500).prop_map(|n| format!("[{}0]", "0,".repeat(n))),
             "[a-z {}\":,]{0,40}",
             (0usize..3000).prop_map(|n| format!("  {{\"id\":1,\"x\":\"{}", "w".repeat(n))),
+            // Catalog pages: the mark early (held whole up to `catalog`) or past the head.
+            (0usize..5000, 0usize..200).prop_map(|(n, pad)| format!(
+                "{{\"id\":{pad},\"result\":{{\"p\":\"{}\",\"tools\":[{{\"d\":\"{}\"}}]}}}}",
+                "p".repeat(pad),
+                "t".repeat(n)
+            )),
         ]
     }
 

@@ -452,16 +452,34 @@ fn a_tools_list_too_large_to_read_whole_clears_the_registry_version() {
         4,
         json!({"jsonrpc":"2.0","id":3,"method":"tools/list"}),
     );
-    let huge = "d".repeat(frame::WHOLE_FRAME_BYTES + 10);
-    t.split(S2C, 5, list(3, &huge));
+    // Over the plain limit but marked as a catalog: still read whole, and fingerprinted.
+    let big = "c".repeat(frame::WHOLE_FRAME_BYTES + 10);
+    t.split(S2C, 5, list(3, &big));
     t.split(C2S, 6, call(json!(4), "a", json!({})));
     t.split(S2C, 7, ok(json!(4)));
-    let (stats, events) = t.finish(10, EndCause::SessionEnd);
-    assert_eq!(stats.summarized, 1);
-    assert_eq!(events.len(), 2);
-    assert!(events[0].rec.registry_version.is_some());
+    t.send(
+        C2S,
+        8,
+        json!({"jsonrpc":"2.0","id":5,"method":"tools/list"}),
+    );
+    let huge = "d".repeat(frame::CATALOG_FRAME_BYTES + 10);
+    t.split(S2C, 9, list(5, &huge));
+    t.split(C2S, 10, call(json!(6), "a", json!({})));
+    t.split(S2C, 11, ok(json!(6)));
+    let (stats, events) = t.finish(12, EndCause::SessionEnd);
+    assert_eq!(stats.summarized, 1, "only the page over the catalog limit");
+    assert_eq!(events.len(), 3);
+    let versions: Vec<_> = events
+        .iter()
+        .map(|e| e.rec.registry_version.clone())
+        .collect();
+    assert!(versions[0].is_some() && versions[1].is_some());
+    assert_ne!(
+        versions[0], versions[1],
+        "the large page was read whole: a new catalog"
+    );
     assert_eq!(
-        events[1].rec.registry_version, None,
+        versions[2], None,
         "a catalog seen only in part has no version"
     );
 }
