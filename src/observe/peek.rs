@@ -323,69 +323,29 @@ impl<'de: 'a, 'a> Deserialize<'de> for Lenient<Args<'a>> {
 }
 
 /// Generates a lenient wrapper for a derived struct: an object parses into `Ok`, anything else
-/// is skipped and becomes `Wrong`.
+/// is skipped and becomes `Wrong`. `boxed`: for a struct kept in a `Box`, the two large ones
+/// (`params`, `result`), so that [`Peek`] itself stays small: serde moves a value several times
+/// on its way out of `from_slice`, and with the big parts inline that was half a kilobyte copied
+/// per move, for every message, present or not.
 macro_rules! lenient_struct {
     ($t:ident) => {
-        impl<'de: 'a, 'a> Deserialize<'de> for Lenient<$t<'a>> {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct V<'a>(std::marker::PhantomData<&'a ()>);
-                impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-                    type Value = Lenient<$t<'a>>;
-                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                        f.write_str("an object")
-                    }
-                    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                        $t::deserialize(de::value::MapAccessDeserializer::new(map)).map(Lenient::Ok)
-                    }
-                    fn visit_seq<A: SeqAccess<'de>>(
-                        self,
-                        mut seq: A,
-                    ) -> Result<Self::Value, A::Error> {
-                        while seq.next_element::<IgnoredAny>()?.is_some() {}
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                        Ok(Lenient::Absent)
-                    }
-                }
-                d.deserialize_any(V(std::marker::PhantomData))
-            }
-        }
+        lenient_struct!(@impl $t, $t<'a>, |v| v);
     };
-}
-
-/// [`lenient_struct!`] for a struct kept in a `Box`: the two large ones (`params`, `result`), so
-/// that [`Peek`] itself stays small. serde moves a value several times on its way out of
-/// `from_slice`; with the big parts inline that was half a kilobyte copied per move, for
-/// every message, present or not.
-macro_rules! lenient_boxed_struct {
-    ($t:ident) => {
-        impl<'de: 'a, 'a> Deserialize<'de> for Lenient<Box<$t<'a>>> {
+    ($t:ident, boxed) => {
+        lenient_struct!(@impl $t, Box<$t<'a>>, Box::new);
+    };
+    (@impl $t:ident, $out:ty, $wrap:expr) => {
+        impl<'de: 'a, 'a> Deserialize<'de> for Lenient<$out> {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 struct V<'a>(std::marker::PhantomData<&'a ()>);
                 impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-                    type Value = Lenient<Box<$t<'a>>>;
+                    type Value = Lenient<$out>;
                     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                         f.write_str("an object")
                     }
                     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
                         $t::deserialize(de::value::MapAccessDeserializer::new(map))
-                            .map(|v| Lenient::Ok(Box::new(v)))
+                            .map(|v| Lenient::Ok(($wrap)(v)))
                     }
                     fn visit_seq<A: SeqAccess<'de>>(
                         self,
@@ -474,7 +434,7 @@ pub struct Params<'a> {
     #[serde(default, rename = "inputResponses")]
     pub input_responses: Option<IgnoredAny>,
 }
-lenient_boxed_struct!(Params);
+lenient_struct!(Params, boxed);
 
 /// `result._meta` entries the observer reads.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -506,7 +466,7 @@ pub struct ResultPeek<'a> {
     #[serde(borrow, default, rename = "nextCursor")]
     pub next_cursor: Lenient<Cow<'a, str>>,
 }
-lenient_boxed_struct!(ResultPeek);
+lenient_struct!(ResultPeek, boxed);
 
 /// `error`, the field the observer reads.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
