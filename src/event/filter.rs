@@ -52,10 +52,6 @@ fn get<'a>(m: &'a Map<String, Value>, key: &str, field: &str) -> Result<&'a Valu
 /// A short single-line string (`$defs/text`).
 fn text(v: &Value, field: &str, non_empty: bool) -> Result<String, FilterError> {
     let s = v.as_str().ok_or_else(|| invalid(field, "not a string"))?;
-    text_str(s, field, non_empty)
-}
-
-fn text_str(s: &str, field: &str, non_empty: bool) -> Result<String, FilterError> {
     check_text(s, field, non_empty)?;
     Ok(s.to_string())
 }
@@ -84,16 +80,6 @@ fn token(
     ok: impl Fn(char) -> bool,
 ) -> Result<String, FilterError> {
     let s = v.as_str().ok_or_else(|| invalid(field, "not a string"))?;
-    token_str(s, field, max, min, ok)
-}
-
-fn token_str(
-    s: &str,
-    field: &str,
-    max: usize,
-    min: usize,
-    ok: impl Fn(char) -> bool,
-) -> Result<String, FilterError> {
     check_token(s, field, max, min, ok)?;
     Ok(s.to_string())
 }
@@ -948,19 +934,20 @@ pub(crate) mod tests {
             }
         }
 
-        #[test]
-        fn generated_built_events_pass_and_fail() {
-            // Guards the equivalence above against vacuity: both outcomes must be common.
+        /// How many of 400 values drawn (deterministically) from `strat` pass `ok`.
+        fn passing<S: Strategy>(strat: S, ok: impl Fn(S::Value) -> bool) -> usize {
             use proptest::strategy::ValueTree;
             use proptest::test_runner::TestRunner;
             let mut runner = TestRunner::deterministic();
-            let strat = any_built_event();
-            let ok = (0..400)
-                .filter(|_| {
-                    let e = strat.new_tree(&mut runner).expect("tree").current();
-                    filter_event(e).is_ok()
-                })
-                .count();
+            (0..400)
+                .filter(|_| ok(strat.new_tree(&mut runner).expect("tree").current()))
+                .count()
+        }
+
+        #[test]
+        fn generated_built_events_pass_and_fail() {
+            // Guards the equivalence above against vacuity: both outcomes must be common.
+            let ok = passing(any_built_event(), |e| filter_event(e).is_ok());
             assert!(
                 (20..380).contains(&ok),
                 "{ok} of 400 generated events were valid"
@@ -970,16 +957,7 @@ pub(crate) mod tests {
         #[test]
         fn generated_events_mostly_pass() {
             // Guards the property above against vacuity: the generator must produce valid events.
-            use proptest::strategy::ValueTree;
-            use proptest::test_runner::TestRunner;
-            let mut runner = TestRunner::deterministic();
-            let strat = any_event();
-            let ok = (0..400)
-                .filter(|_| {
-                    let e = strat.new_tree(&mut runner).expect("tree").current();
-                    validate_and_filter_event(&e).is_ok()
-                })
-                .count();
+            let ok = passing(any_event(), |e| validate_and_filter_event(&e).is_ok());
             assert!(ok > 20, "only {ok} of 400 generated events were valid");
         }
     }

@@ -439,33 +439,24 @@ fn a_tools_list_too_large_to_read_whole_clears_the_registry_version() {
         json!({"jsonrpc":"2.0","id":id,"result":{"tools":[
             {"name":"a","description":desc,"inputSchema":{"type":"object"}}]}})
     };
-    t.send(
-        C2S,
-        0,
-        json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
-    );
-    t.split(S2C, 1, list(1, "A"));
-    t.split(C2S, 2, call(json!(2), "a", json!({})));
-    t.split(S2C, 3, ok(json!(2)));
-    t.send(
-        C2S,
-        4,
-        json!({"jsonrpc":"2.0","id":3,"method":"tools/list"}),
-    );
-    // Over the plain limit but marked as a catalog: still read whole, and fingerprinted.
-    let big = "c".repeat(frame::WHOLE_FRAME_BYTES + 10);
-    t.split(S2C, 5, list(3, &big));
-    t.split(C2S, 6, call(json!(4), "a", json!({})));
-    t.split(S2C, 7, ok(json!(4)));
-    t.send(
-        C2S,
-        8,
-        json!({"jsonrpc":"2.0","id":5,"method":"tools/list"}),
-    );
-    let huge = "d".repeat(frame::CATALOG_FRAME_BYTES + 10);
-    t.split(S2C, 9, list(5, &huge));
-    t.split(C2S, 10, call(json!(6), "a", json!({})));
-    t.split(S2C, 11, ok(json!(6)));
+    // A small page; one over the plain limit but marked as a catalog (still read whole, and
+    // fingerprinted); one over the catalog limit. Each followed by a call.
+    let pages = [
+        "A".to_string(),
+        "c".repeat(frame::WHOLE_FRAME_BYTES + 10),
+        "d".repeat(frame::CATALOG_FRAME_BYTES + 10),
+    ];
+    for (i, desc) in (0u64..).zip(&pages) {
+        let (id, ms) = (2 * i + 1, 4 * i);
+        t.send(
+            C2S,
+            ms,
+            json!({"jsonrpc":"2.0","id":id,"method":"tools/list"}),
+        );
+        t.split(S2C, ms + 1, list(id, desc));
+        t.split(C2S, ms + 2, call(json!(id + 1), "a", json!({})));
+        t.split(S2C, ms + 3, ok(json!(id + 1)));
+    }
     let (stats, events) = t.finish(12, EndCause::SessionEnd);
     assert_eq!(stats.summarized, 1, "only the page over the catalog limit");
     assert_eq!(events.len(), 3);
