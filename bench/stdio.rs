@@ -124,6 +124,10 @@ pub struct Record {
     /// Measured calls only (warm-up, handshake and start-up excluded).
     pub cpu_seq_us: BTreeMap<String, f64>,
     pub cpu_pipe_us: BTreeMap<String, f64>,
+    /// Minor page faults of the target's top process per 1,000 pipelined calls, by thread name
+    /// (same window as `cpu_pipe_us`). A first-touched page costs ~1.5 µs on the VMs we use.
+    #[serde(default)]
+    pub faults_pipe_k: BTreeMap<String, f64>,
     /// CPU of the target's top process per MB relayed in the 5 MB workload, µs, by thread name.
     pub cpu_bw_us_per_mb: BTreeMap<String, f64>,
     /// Slowest sequential call, µs.
@@ -442,12 +446,20 @@ fn cpu_delta(
     after: &session::ProcSnap,
     units: f64,
 ) -> BTreeMap<String, f64> {
+    per_thread_delta(&before.cpu_ms, &after.cpu_ms, 1000.0 / units.max(1.0))
+}
+
+/// `(after − before) × scale` per thread name, with a `(total)` entry.
+fn per_thread_delta(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    scale: f64,
+) -> BTreeMap<String, f64> {
     let mut m: BTreeMap<String, f64> = after
-        .cpu_ms
         .iter()
         .map(|(k, v)| {
-            let d = v - before.cpu_ms.get(k).copied().unwrap_or(0.0);
-            (k.clone(), d.max(0.0) * 1000.0 / units.max(1.0))
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (k.clone(), d.max(0.0) * scale)
         })
         .collect();
     let total = m.values().sum();
@@ -549,6 +561,11 @@ fn run_target(
     }
     let snap1 = sess.snapshot();
     rec.cpu_pipe_us = cpu_delta(&snap0, &snap1, s.pipe_calls as f64);
+    rec.faults_pipe_k = per_thread_delta(
+        &snap0.faults,
+        &snap1.faults,
+        1000.0 / (s.pipe_calls as f64).max(1.0),
+    );
     rss_small = rss_small.max(snap1.hwm_kib);
     rec.rss_small_kib = Some(rss_small as f64);
     let calls = sess.calls;

@@ -41,6 +41,7 @@ struct Agg {
     rss_big: Option<f64>,
     cpu_seq: BTreeMap<String, f64>,
     cpu_pipe: BTreeMap<String, f64>,
+    faults_pipe: BTreeMap<String, f64>,
     cpu_bw: BTreeMap<String, f64>,
     max: Option<f64>,
     /// Summed over the runs: workload → (events seen, tools/call made).
@@ -82,6 +83,7 @@ fn agg(records: &[&Record]) -> Agg {
         rss_big: m(&|r| r.rss_big_kib),
         cpu_seq: cpu(&|r| &r.cpu_seq_us),
         cpu_pipe: cpu(&|r| &r.cpu_pipe_us),
+        faults_pipe: cpu(&|r| &r.faults_pipe_k),
         cpu_bw: cpu(&|r| &r.cpu_bw_us_per_mb),
         max: m(&|r| r.seq_max_us),
         events: records.iter().fold(BTreeMap::new(), |mut acc, r| {
@@ -305,6 +307,17 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
                     f(a.cpu_seq.get(name).copied(), 2),
                     f(a.cpu_bw.get(name).copied(), 1)
                 );
+            }
+            let _ = writeln!(o, "{line}");
+        }
+        let _ = writeln!(
+            o,
+            "\nMinor page faults of the target's top process per 1,000 pipelined calls, by thread"
+        );
+        for (t, a) in &by_target {
+            let mut line = format!("{:<15}", t.name());
+            for (name, v) in &a.faults_pipe {
+                let _ = write!(line, "  {name} {v:.1}");
             }
             let _ = writeln!(o, "{line}");
         }

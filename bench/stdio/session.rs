@@ -90,6 +90,8 @@ pub struct ProcSnap {
     pub hwm_kib: u64,
     /// CPU time per thread name (`comm`), milliseconds, summed over live threads.
     pub cpu_ms: BTreeMap<String, f64>,
+    /// Minor page faults per thread name, summed over live threads (`minflt`).
+    pub faults: BTreeMap<String, f64>,
 }
 
 /// What the end of a session looked like.
@@ -458,19 +460,24 @@ pub fn proc_snapshot(pid: u32) -> ProcSnap {
                     .and_then(|v| v.trim().parse::<f64>().ok())
             })
             .or_else(|| ticks_ms(&dir));
+        let faults = stat_field(&dir, 10).unwrap_or(0.0);
+        *snap.faults.entry(comm.clone()).or_default() += faults;
         *snap.cpu_ms.entry(comm).or_default() += ms.unwrap_or(0.0);
     }
     snap
 }
 
+/// Field `n` (1-based, as in proc(5)) of /proc/<pid>/task/<tid>/stat.
+fn stat_field(dir: &Path, n: usize) -> Option<f64> {
+    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+    // Fields after the `(comm)`, which may itself contain spaces, start at field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(n.checked_sub(3)?)?.parse().ok()
+}
+
 /// utime + stime from /proc/<pid>/task/<tid>/stat, assuming the usual 100 Hz clock tick.
 fn ticks_ms(dir: &Path) -> Option<f64> {
-    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-    // Fields after the `(comm)`, which may itself contain spaces.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split(' ').collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks * 10.0)
+    Some((stat_field(dir, 14)? + stat_field(dir, 15)?) * 10.0)
 }
 
 /// Events written by the `file:` sink (one batch per line, `events` an array): (all, status ≠ 200).

@@ -205,6 +205,12 @@ impl StdioProxy {
             &tx,
         );
         drop(tx);
+        // While the server starts, and off the relay's threads: see `relay::BlockStock`.
+        if started.is_ok() {
+            for slot in [&c2s, &s2c].into_iter().flatten() {
+                slot.stock.fill(relay::STOCK_BLOCKS);
+            }
+        }
         let outcome = match started {
             Ok(()) => drive(&group, &rx),
             Err(e) => {
