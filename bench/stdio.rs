@@ -128,6 +128,9 @@ pub struct Record {
     /// (same window as `cpu_pipe_us`). A first-touched page costs ~1.5 µs on the VMs we use.
     #[serde(default)]
     pub faults_pipe_k: BTreeMap<String, f64>,
+    /// The same per MB of 5 MB responses.
+    #[serde(default)]
+    pub faults_bw_per_mb: BTreeMap<String, f64>,
     /// CPU of the target's top process per MB relayed in the 5 MB workload, µs, by thread name.
     pub cpu_bw_us_per_mb: BTreeMap<String, f64>,
     /// Slowest sequential call, µs.
@@ -589,6 +592,8 @@ fn run_target(
             rec.bw_frame_bytes = Some(largest as f64);
             let snap1 = sess.snapshot();
             rec.cpu_bw_us_per_mb = cpu_delta(&snap0, &snap1, bytes as f64 / 1e6);
+            rec.faults_bw_per_mb =
+                per_thread_delta(&snap0.faults, &snap1.faults, 1e6 / (bytes as f64).max(1.0));
             rec.rss_big_kib = Some(snap1.hwm_kib as f64);
         }
         Err(e) => return Err(sess.abort("large responses", e)),

@@ -42,6 +42,7 @@ struct Agg {
     cpu_seq: BTreeMap<String, f64>,
     cpu_pipe: BTreeMap<String, f64>,
     faults_pipe: BTreeMap<String, f64>,
+    faults_bw: BTreeMap<String, f64>,
     cpu_bw: BTreeMap<String, f64>,
     max: Option<f64>,
     /// Summed over the runs: workload → (events seen, tools/call made).
@@ -84,6 +85,7 @@ fn agg(records: &[&Record]) -> Agg {
         cpu_seq: cpu(&|r| &r.cpu_seq_us),
         cpu_pipe: cpu(&|r| &r.cpu_pipe_us),
         faults_pipe: cpu(&|r| &r.faults_pipe_k),
+        faults_bw: cpu(&|r| &r.faults_bw_per_mb),
         cpu_bw: cpu(&|r| &r.cpu_bw_us_per_mb),
         max: m(&|r| r.seq_max_us),
         events: records.iter().fold(BTreeMap::new(), |mut acc, r| {
@@ -312,12 +314,13 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
         }
         let _ = writeln!(
             o,
-            "\nMinor page faults of the target's top process per 1,000 pipelined calls, by thread"
+            "\nMinor page faults of the target's top process by thread: per 1,000 pipelined calls / per MB of 5 MB responses"
         );
         for (t, a) in &by_target {
             let mut line = format!("{:<15}", t.name());
             for (name, v) in &a.faults_pipe {
-                let _ = write!(line, "  {name} {v:.1}");
+                let bw = a.faults_bw.get(name).copied().unwrap_or(0.0);
+                let _ = write!(line, "  {name} {v:.1} / {bw:.1}");
             }
             let _ = writeln!(o, "{line}");
         }
