@@ -196,6 +196,7 @@ fn run_stdio(cfg: &config::Config) -> i32 {
                 unobserved = s.unobserved,
                 shared_cpu = pacer.shared_cpu(),
                 rests = pacer.rests(),
+                yields = pacer.yields(),
                 "Observer totals"
             );
         }

@@ -1338,11 +1338,14 @@ pub async fn run_tap_observer<S: EventSink>(
     };
     // Traffic flows while the relay keeps handing the tap new chunks; not once it is closing.
     let mut offers = rx.offers();
-    let mut flowing = |rx: &TapReceiver, closing: bool| {
+    let mut look = |rx: &TapReceiver, closing: bool| {
         let now = rx.offers();
-        let live = now != offers && !closing;
+        if closing {
+            pacer.set_closing();
+        } else {
+            pacer.set_live(now != offers);
+        }
         offers = now;
-        live
     };
     let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
     let mut last_seen: [Option<Instant>; 2] = [None, None];
@@ -1365,7 +1368,7 @@ pub async fn run_tap_observer<S: EventSink>(
             break;
         }
         let worked = got == Drained::Some;
-        pacer.set_live(flowing(&rx, closing));
+        look(&rx, closing);
         let mut left = [0usize; 2];
         for msg in &batch {
             if let TapMsg::Chunk(c) = msg {
@@ -1388,7 +1391,7 @@ pub async fn run_tap_observer<S: EventSink>(
                         reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other_settled);
                         pacer.pace();
                     });
-                    pacer.set_live(flowing(&rx, closing));
+                    look(&rx, closing);
                     if observer.stats.events - before >= FRAMES_PER_TURN as u64 {
                         tokio::task::yield_now().await;
                     }
@@ -1432,7 +1435,7 @@ pub async fn run_tap_observer<S: EventSink>(
         splitters[dir.index()]
             .flush(|s| reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, true));
     }
-    pacer.set_live(false);
+    pacer.set_closing();
     release_paced(&mut reorder, &mut observer, true, &rx, &[0, 0], &mut pace).await;
     observer
 }
