@@ -144,11 +144,11 @@ pub const STOCK_BLOCKS: usize = 32;
 /// Read blocks for one observed direction, allocated and written through before traffic starts
 /// ([`BlockStock::fill`], on the session's own thread between spawning the server and starting
 /// the relay: filled while traffic flowed, on a shared CPU, it competed with the first burst at
-/// the relay's priority; filled before the spawn's fork, its pages were copy-on-write after it). When a burst outruns
-/// the observer, every block the tap still holds is in use and the relay needs fresh ones; a
-/// fresh block's pages are then first touched by `read(2)`, one page fault per 4 KiB (~1.5 µs
-/// on the VMs we measure on): 30 faults per 1,000 pipelined calls on the client→server thread,
-/// close to half its CPU in such a burst. The relay takes a stocked block only when no pooled
+/// the relay's priority; filled before the spawn's fork, its pages were copy-on-write after it).
+/// When a burst outruns the observer, every block the tap still holds is in use and the relay
+/// needs fresh ones; a fresh block's pages are then first touched by `read(2)`, one page fault
+/// per 4 KiB (~1.5 µs on the VMs we measure on): 30 faults per 1,000 pipelined calls on the
+/// client→server thread, close to half its CPU in such a burst. The relay takes a stocked block only when no pooled
 /// one is free, so the pool's few hot blocks keep serving steady traffic and large frames, and
 /// a stocked block, once taken, stays in the pool for later bursts. The price is this memory
 /// from the start of every observed session.
