@@ -452,19 +452,18 @@ impl Scalar<'_> {
     /// The JSON value, if it passes the scalar rules (length cap, L4 scrubber).
     fn admit(self) -> Option<Value> {
         match self {
-            Scalar::Str(s) => {
-                if s.len() > MAX_VALUE_LEN || contains_sensitive(s) {
-                    None
-                } else {
-                    Some(Value::String(s.to_string()))
-                }
-            }
+            Scalar::Str(s) => text_passes(s).then(|| Value::String(s.to_string())),
             Scalar::Bool(b) => Some(Value::Bool(b)),
             Scalar::I64(n) => number_admit(Number::from(n)),
             Scalar::U64(n) => number_admit(Number::from(n)),
             Scalar::F64(f) => Number::from_f64(f).and_then(number_admit),
         }
     }
+}
+
+/// The rule for a string value: within the length cap and clear of L4.
+fn text_passes(s: &str) -> bool {
+    s.len() <= MAX_VALUE_LEN && !contains_sensitive(s)
 }
 
 /// A number is scrubbed through its decimal text: a 16-digit Luhn-valid integer is a card.
@@ -507,21 +506,11 @@ fn number_passes(n: &Number) -> bool {
 /// L2 + L4 + scalar and length rules on one field, without the allow-set: what the L3 filter
 /// (sensor and ingest alike) re-applies to every entry of `rec.fields`.
 pub fn scrub_field(key: &str, value: &Value) -> Option<Value> {
-    match value {
-        // Rejected whatever the key: not worth a copy.
-        Value::Null | Value::Array(_) | Value::Object(_) => None,
-        v => admit_field(key, v.clone()),
-    }
+    field_passes(key, value).then(|| value.clone())
 }
 
-/// [`scrub_field`] on a value the caller owns: a field that passes is returned as it came,
-/// without a copy (the sensor's filter runs this on every field of every event).
-pub fn admit_field(key: &str, value: Value) -> Option<Value> {
-    field_passes(key, &value).then_some(value)
-}
-
-/// Would [`admit_field`] keep this field? (It keeps a field exactly as it came, so the L3 filter
-/// can decide in place.)
+/// Would [`scrub_field`] keep this field? (It keeps a field exactly as it came, so the sensor's
+/// L3 filter decides in place, without a copy.)
 pub fn field_passes(key: &str, value: &Value) -> bool {
     if key.is_empty() || key.len() > MAX_KEY_LEN || is_pii_key(key) || contains_sensitive(key) {
         return false;
@@ -530,7 +519,7 @@ pub fn field_passes(key: &str, value: &Value) -> bool {
         return false;
     }
     match value {
-        Value::String(s) => s.len() <= MAX_VALUE_LEN && !contains_sensitive(s),
+        Value::String(s) => text_passes(s),
         Value::Bool(_) => true,
         Value::Number(n) => number_passes(n),
         Value::Null | Value::Array(_) | Value::Object(_) => false,
