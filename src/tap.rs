@@ -142,8 +142,8 @@ pub struct TapSender {
 /// buffers) until its newline: a frame that ends within [`WHOLE_FRAME_BYTES`] (or
 /// [`CATALOG_FRAME_BYTES`] when its head holds [`CATALOG_MARK`], the same rule the observer's
 /// splitter applies) is then passed whole, a longer one only with its last [`SUMMARY_TAIL`] or
-/// more bytes, the middle counted in [`TapChunk::skipped`]. A 50 MB tool result thus costs the observer (and the tap's budget)
-/// what a message of a few hundred KiB does. Frames that are not JSON objects (batches,
+/// more bytes, the middle counted in [`TapChunk::skipped`]. A 50 MB tool result thus costs the
+/// observer (and the tap's budget) what a message of a few hundred KiB does. Frames that are not JSON objects (batches,
 /// non-JSON lines) pass whole as before. Costs the relay thread one newline search per chunk
 /// (~9 µs per MB), on bytes it just read and that are still in cache.
 #[derive(Debug)]

@@ -175,7 +175,6 @@ fn trim_cr(f: &[u8]) -> &[u8] {
     f.strip_suffix(b"\r").unwrap_or(f)
 }
 
-/// The frame made of `a` then `b` starts with `{` (after whitespace).
 /// Do the first `head` bytes of `a` followed by `b` contain [`CATALOG_MARK`]?
 pub(crate) fn head_has_mark(a: &[u8], b: &[u8], head: usize) -> bool {
     let a = &a[..a.len().min(head)];
@@ -194,6 +193,7 @@ pub(crate) fn head_has_mark(a: &[u8], b: &[u8], head: usize) -> bool {
     find(&seam[..left.len() + right.len()])
 }
 
+/// The frame made of `a` then `b` starts with `{` (after whitespace).
 fn starts_object(a: &[u8], b: &[u8]) -> bool {
     a.iter().chain(b).find(|c| !c.is_ascii_whitespace()) == Some(&b'{')
 }

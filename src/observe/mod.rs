@@ -99,6 +99,22 @@ impl std::hash::Hasher for CounterHasher {
 /// A map keyed by a counter of ours (see [`CounterHasher`]).
 type CounterMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<CounterHasher>>;
 
+/// `dest.host`: the upstream (HTTP), or `mcp://` and the server's name (stdio): `--name`, else
+/// the `serverInfo.name` learned (`learned`), else the default.
+fn dest_host(cfg: &ObserverConfig, learned: Option<&str>) -> SharedStr {
+    match &cfg.transport {
+        Transport::Stdio => {
+            let server = cfg
+                .server_name
+                .as_deref()
+                .or(learned)
+                .unwrap_or(crate::config::DEFAULT_SERVER_NAME);
+            format!("mcp://{server}").into()
+        }
+        Transport::Http { host } => host.into(),
+    }
+}
+
 /// How a transport reaches the server: decides `dest.host` and `sensor.transport`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transport {
@@ -293,13 +309,7 @@ pub struct Observer<S: EventSink> {
 }
 
 impl<S: EventSink> Observer<S> {
-    pub fn new(cfg: ObserverConfig, sink: S) -> Self {
-        let mut observer = Self::unhosted(cfg, sink);
-        observer.refresh_host();
-        observer
-    }
-
-    fn unhosted(mut cfg: ObserverConfig, sink: S) -> Self {
+    pub fn new(mut cfg: ObserverConfig, sink: S) -> Self {
         let policy = CapturePolicy::new(&cfg.capture);
         // A `--name` the envelope cannot carry falls back to `serverInfo.name`.
         cfg.server_name = cfg
@@ -307,6 +317,7 @@ impl<S: EventSink> Observer<S> {
             .as_deref()
             .and_then(|n| clean(n, MAX_INFO_LEN));
         let actor = SharedStr::from(&cfg.actor);
+        let host = dest_host(&cfg, None);
         Observer {
             cfg,
             sink,
@@ -314,7 +325,7 @@ impl<S: EventSink> Observer<S> {
             policy,
             catalog: Catalog::default(),
             server_name: None,
-            host: SharedStr::from(""),
+            host,
             actor,
             pending: HashMap::new(),
             actions: CounterMap::default(),
@@ -1006,20 +1017,8 @@ impl<S: EventSink> Observer<S> {
         self.finish_action_answered(aid, outcome, seen, Some(answered));
     }
 
-    /// `dest.host`: the upstream (HTTP), or `mcp://` and the server's name (stdio).
     fn refresh_host(&mut self) {
-        self.host = match &self.cfg.transport {
-            Transport::Stdio => {
-                let server = self
-                    .cfg
-                    .server_name
-                    .as_deref()
-                    .or(self.server_name.as_deref())
-                    .unwrap_or(crate::config::DEFAULT_SERVER_NAME);
-                format!("mcp://{server}").into()
-            }
-            Transport::Http { host } => host.into(),
-        };
+        self.host = dest_host(&self.cfg, self.server_name.as_deref());
     }
 
     fn finish_action(&mut self, aid: u64, outcome: Outcome, end: Instant) {
@@ -1176,7 +1175,6 @@ impl Reorder {
     /// Observes every frame that can no longer be overtaken (`drain`: all), at most `limit` of
     /// them; true if it stopped at the limit with more releasable frames left. `settled`: per
     /// direction, whether every byte the relay read is already in the observer's hands.
-    #[allow(clippy::too_many_arguments)]
     fn release<S: EventSink>(
         &mut self,
         obs: &mut Observer<S>,

@@ -3,8 +3,8 @@
 //!
 //! In: a server command, optionally one [`TapSender`] per direction. Out: the server's bytes on
 //! our stdout and the client's on its stdin, unchanged and in order; each chunk read also handed
-//! to the tap (the same bytes, not a copy); the exit code to use. It never writes anything of its own to stdout, never parses, and
-//! never lets the observer slow or stop a byte.
+//! to the tap (the same bytes, not a copy); the exit code to use. It never writes anything of
+//! its own to stdout, never parses, and never lets the observer slow or stop a byte.
 //!
 //! Threads: the caller's thread spawns the child (so `PR_SET_PDEATHSIG` stays armed: see
 //! [`child::spawn`]) and then runs the session loop below; one thread per relay direction
