@@ -5,6 +5,9 @@
 //! becomes a [`ConfigWarning`] that the caller prints once, and the affected feature is switched
 //! off. Only a missing server command (stdio) or upstream (HTTP) is a hard error, because then
 //! there is nothing to run. It never reads `std::env`: the environment is passed in.
+//!
+//! Every variable of ours starts with [`ENV_PREFIX`], and that prefix is what keeps them from the
+//! wrapped server (invariant 9: see [`is_sensor_env`]).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -16,6 +19,11 @@ use crate::token::SensorToken;
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
 pub type Env = HashMap<String, String>;
+
+/// The prefix of every variable the wrapper reads. No variable with this prefix reaches the
+/// wrapped server, known to this build or not: a newer `mcp.json` may carry variables an older
+/// wrapper does not read, and they are just as much ours (a token, an ingest address).
+pub const ENV_PREFIX: &str = "BOUNDED_";
 
 pub const ENV_TOKEN: &str = "BOUNDED_SENSOR_TOKEN";
 pub const ENV_ORG: &str = "BOUNDED_ORG";
@@ -151,6 +159,14 @@ pub enum ConfigError {
     BadUpstream(String),
     #[error("a server command after `--` is not used with --http; drop one of them")]
     CommandWithHttp,
+}
+
+/// Whether a variable of the process environment is ours and so must be removed from the wrapped
+/// server's (invariant 9). Case-sensitive, as Unix variable names are: `bounded_x` is not ours
+/// and passes, like `OTEL_*` and everything else.
+pub fn is_sensor_env(name: &std::ffi::OsStr) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    name.as_bytes().starts_with(ENV_PREFIX.as_bytes())
 }
 
 fn truthy(v: &str) -> bool {
@@ -455,5 +471,25 @@ mod tests {
         let (c, w) = resolve(&["w", "--", "s"], &[(ENV_DISABLED, "1")]).expect("ok");
         assert!(c.disabled);
         assert!(w.is_empty(), "no token warning when disabled: {w:?}");
+    }
+
+    #[test]
+    fn only_bounded_prefixed_names_are_sensor_variables() {
+        for name in [
+            ENV_TOKEN,
+            ENV_DISABLED,
+            "BOUNDED_FUTURE_SETTING",
+            "BOUNDED_",
+        ] {
+            assert!(is_sensor_env(name.as_ref()), "{name}");
+        }
+        for name in [
+            "OTEL_SERVICE_NAME",
+            "bounded_sensor_token",
+            "XBOUNDED_TOKEN",
+            "PATH",
+        ] {
+            assert!(!is_sensor_env(name.as_ref()), "{name}");
+        }
     }
 }
