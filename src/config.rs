@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::ObserveArgs;
+use crate::event::filter::{check_actor_id, FilterError};
 use crate::token::SensorToken;
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
@@ -70,6 +71,8 @@ pub const DEFAULT_FLUSH: Duration = Duration::from_millis(2000);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a dead ingest may delay the wrapper's exit (issue: reporter shutdown ≤ 2 s).
 pub const DEFAULT_SHUTDOWN_FLUSH: Duration = Duration::from_millis(2000);
+/// Actor when neither `--actor` nor a token's keyId is known (events then go to a `file:` sink).
+pub const DEFAULT_ACTOR_NO_TOKEN: &str = "mcp:unknown";
 /// Fallback server name when neither `--name` nor `serverInfo.name` is known.
 pub const DEFAULT_SERVER_NAME: &str = "mcp";
 
@@ -143,6 +146,15 @@ pub enum ConfigWarning {
     BadCapture { value: String },
     #[error("{ENV_PORT} value {value:?} is not a port number: using an ephemeral port")]
     BadPort { value: String },
+    /// The actor would fail the L3 filter on every event ([`check_actor_id`]), so every event
+    /// would be dropped. The value is not echoed: it may hold control characters. `reason` is the
+    /// filter's, e.g. `actor.id: too long`.
+    #[error("actor from {origin} would be rejected by the event filter ({reason}): using the default {default}")]
+    BadActor {
+        origin: &'static str,
+        reason: String,
+        default: String,
+    },
 }
 
 /// A misconfiguration that leaves nothing to run. Exit code 2.
@@ -341,11 +353,28 @@ impl Config {
             DEFAULT_SHUTDOWN_FLUSH,
         );
 
+        let default_actor = match &token {
+            Some(t) => format!("mcp:{}", t.key_id()),
+            None => DEFAULT_ACTOR_NO_TOKEN.to_string(),
+        };
+        // Checked with the filter's own rule: an actor it rejects would silently drop every
+        // event, so the default is used instead, with one warning.
         let actor = match pick(&args.actor, ENV_ACTOR) {
-            Some((a, _)) => a,
-            None => match &token {
-                Some(t) => format!("mcp:{}", t.key_id()),
-                None => "mcp:unknown".to_string(),
+            None => default_actor,
+            Some((a, source)) => match check_actor_id(&a) {
+                Ok(()) => a,
+                Err(FilterError::Invalid(reason)) => {
+                    warnings.push(ConfigWarning::BadActor {
+                        origin: if source == "flag" {
+                            "--actor"
+                        } else {
+                            ENV_ACTOR
+                        },
+                        reason,
+                        default: default_actor.clone(),
+                    });
+                    default_actor
+                }
             },
         };
 
@@ -471,6 +500,63 @@ mod tests {
         let (c, w) = resolve(&["w", "--", "s"], &[(ENV_DISABLED, "1")]).expect("ok");
         assert!(c.disabled);
         assert!(w.is_empty(), "no token warning when disabled: {w:?}");
+    }
+
+    #[test]
+    fn invalid_actor_warns_once_and_the_default_actor_is_used() {
+        let long = "a".repeat(crate::event::filter::MAX_TEXT_LEN + 1);
+        for (argv, env, origin) in [
+            (
+                vec![
+                    "w",
+                    "--token",
+                    "obs1.k1.sig",
+                    "--actor",
+                    "agent\tseven",
+                    "--",
+                    "s",
+                ],
+                vec![],
+                "--actor",
+            ),
+            (
+                vec!["w", "--token", "obs1.k1.sig", "--", "s"],
+                vec![(ENV_ACTOR, long.as_str())],
+                ENV_ACTOR,
+            ),
+        ] {
+            let (c, w) = resolve(&argv, &env).expect("still runs");
+            assert_eq!(c.actor, "mcp:k1", "the default actor replaces the bad one");
+            assert_eq!(w.len(), 1, "{w:?}");
+            let msg = w[0].to_string();
+            assert!(msg.contains(origin) && msg.contains("mcp:k1"), "{msg}");
+            assert!(
+                !msg.contains('\t') && !msg.contains(&long),
+                "not echoed: {msg}"
+            );
+        }
+        // Without a token the default is the no-token actor, and events still reach a file.
+        let (c, w) = resolve(
+            &["w", "--ingest", "file:/tmp/x", "--actor", "a\nb", "--", "s"],
+            &[],
+        )
+        .expect("ok");
+        assert_eq!(c.actor, DEFAULT_ACTOR_NO_TOKEN);
+        assert_eq!(w.len(), 1, "{w:?}");
+    }
+
+    #[test]
+    fn valid_actor_is_kept_as_given() {
+        let max = "é".repeat(crate::event::filter::MAX_TEXT_LEN / 2);
+        for actor in ["agent-7", "svc:billing bot", max.as_str()] {
+            let (c, w) = resolve(
+                &["w", "--token", "obs1.k.s", "--actor", actor, "--", "s"],
+                &[],
+            )
+            .expect("ok");
+            assert_eq!(c.actor, actor);
+            assert!(w.is_empty(), "{w:?}");
+        }
     }
 
     #[test]
