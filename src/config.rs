@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use crate::cli::ObserveArgs;
 use crate::event::filter::{check_actor_id, FilterError};
+use crate::log::redact_url;
 use crate::token::SensorToken;
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
@@ -134,8 +135,14 @@ pub enum ConfigWarning {
         origin: &'static str,
         err: crate::token::TokenError,
     },
+    /// `value` is already redacted ([`redact_url`]): a warning never carries a URL's secrets.
     #[error("ingest {value:?} from {origin} is not http(s)://… or file:PATH: events will not be reported")]
     BadIngest { origin: &'static str, value: String },
+    /// A plain `http://` ingest off loopback: the token (and the events) cross the network
+    /// unencrypted. Not refused, since a trusted network or a TLS-terminating sidecar may make it
+    /// fine, but said once. `ingest` is redacted.
+    #[error("ingest {ingest} is plain http:// and not on this machine: the sensor token and events are sent in clear text; use https://")]
+    ClearTextIngest { ingest: String },
     #[error("{name} value {value:?} is not a whole number of milliseconds: using the default {default_ms}")]
     BadNumber {
         name: &'static str,
@@ -167,6 +174,7 @@ pub enum ConfigError {
         "--http needs --upstream URL (or {ENV_UPSTREAM}), e.g. --upstream https://example.com/mcp"
     )]
     MissingUpstream,
+    /// Holds the redacted URL ([`redact_url`]).
     #[error("upstream {0:?} must be an http:// or https:// URL")]
     BadUpstream(String),
     #[error("a server command after `--` is not used with --http; drop one of them")]
@@ -179,6 +187,31 @@ pub enum ConfigError {
 pub fn is_sensor_env(name: &std::ffi::OsStr) -> bool {
     use std::os::unix::ffi::OsStrExt;
     name.as_bytes().starts_with(ENV_PREFIX.as_bytes())
+}
+
+/// The one host name taken as loopback without resolving it (RFC 6761 reserves it).
+const LOCALHOST: &str = "localhost";
+
+/// Whether an ingest base sends the token in clear text to another machine: `http://` with a
+/// host other than 127.0.0.0/8, `::1` or `localhost`. The host is read as the HTTP client will
+/// read it (WHATWG URL parsing: `127.1` is 127.0.0.1), so the check and the connection agree.
+/// A base that does not parse is not called clear text here; the sink reports it when it fails.
+fn is_clear_text_off_loopback(base: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(base) else {
+        return false;
+    };
+    if url.scheme() != "http" {
+        return false;
+    }
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    // The parser has already normalised an IP host (`127.1` → `127.0.0.1`, `[::1]`).
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => !ip.is_loopback(),
+        Err(_) => !host.trim_end_matches('.').eq_ignore_ascii_case(LOCALHOST),
+    }
 }
 
 fn truthy(v: &str) -> bool {
@@ -217,7 +250,7 @@ impl Config {
             let (upstream, _) =
                 pick(&args.upstream, ENV_UPSTREAM).ok_or(ConfigError::MissingUpstream)?;
             if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
-                return Err(ConfigError::BadUpstream(upstream));
+                return Err(ConfigError::BadUpstream(redact_url(&upstream)));
             }
             let port = match args.port {
                 Some(p) => p,
@@ -275,7 +308,7 @@ impl Config {
                     if path.is_empty() {
                         warnings.push(ConfigWarning::BadIngest {
                             origin: source,
-                            value: v.clone(),
+                            value: redact_url(&v),
                         });
                         IngestTarget::Off
                     } else {
@@ -286,7 +319,7 @@ impl Config {
                 } else {
                     warnings.push(ConfigWarning::BadIngest {
                         origin: source,
-                        value: v.clone(),
+                        value: redact_url(&v),
                     });
                     IngestTarget::Off
                 }
@@ -299,6 +332,15 @@ impl Config {
         };
         if matches!(ingest, IngestTarget::File(_)) {
             warnings.retain(|w| *w != ConfigWarning::NoToken);
+        }
+        // Only when the token would really be sent: a disabled sensor or one without a usable
+        // token (target `Off` above) opens no connection to the ingest.
+        if let IngestTarget::Http(base) = &ingest {
+            if !disabled && is_clear_text_off_loopback(base) {
+                warnings.push(ConfigWarning::ClearTextIngest {
+                    ingest: redact_url(base),
+                });
+            }
         }
 
         let mut capture = Vec::new();
@@ -557,6 +599,83 @@ mod tests {
             assert_eq!(c.actor, actor);
             assert!(w.is_empty(), "{w:?}");
         }
+    }
+
+    #[test]
+    fn clear_text_ingest_off_loopback_warns_once() {
+        let token = [(ENV_TOKEN, "obs1.k.s")];
+        let (_, w) = resolve(
+            &[
+                "w",
+                "--ingest",
+                "http://ingest.example.invalid/?t=SECRET",
+                "--",
+                "s",
+            ],
+            &token,
+        )
+        .expect("ok");
+        assert_eq!(w.len(), 1, "{w:?}");
+        let msg = w[0].to_string();
+        assert!(
+            msg.contains("clear text") && msg.contains("ingest.example.invalid"),
+            "{msg}"
+        );
+        assert!(!msg.contains("SECRET"), "{msg}");
+        for ingest in [
+            "http://10.0.0.1:7361",
+            "http://[2001:db8::1]/",
+            "http://localhost.example",
+        ] {
+            let (_, w) = resolve(&["w", "--ingest", ingest, "--", "s"], &token).expect("ok");
+            assert!(
+                matches!(w.as_slice(), [ConfigWarning::ClearTextIngest { .. }]),
+                "{ingest}: {w:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn loopback_or_tls_ingest_or_nothing_sent_gives_no_clear_text_warning() {
+        let token = [(ENV_TOKEN, "obs1.k.s")];
+        for ingest in [
+            "http://127.0.0.1:7361",
+            "http://127.9.9.9",
+            "http://127.1:7361",
+            "http://localhost:7361/",
+            "http://LOCALHOST.:7361",
+            "http://[::1]:7361",
+            "https://ingest.example.invalid",
+        ] {
+            let (_, w) = resolve(&["w", "--ingest", ingest, "--", "s"], &token).expect("ok");
+            assert!(w.is_empty(), "{ingest}: {w:?}");
+        }
+        // No token: nothing is sent, so nothing crosses in clear text.
+        let (_, w) =
+            resolve(&["w", "--ingest", "http://example.invalid", "--", "s"], &[]).expect("ok");
+        assert_eq!(w, vec![ConfigWarning::NoToken]);
+        // Kill switch: no network at all.
+        let (_, w) = resolve(
+            &["w", "--ingest", "http://example.invalid", "--", "s"],
+            &[(ENV_TOKEN, "obs1.k.s"), (ENV_DISABLED, "1")],
+        )
+        .expect("ok");
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn urls_in_warnings_and_errors_are_redacted() {
+        let (_, w) = resolve(
+            &["w", "--ingest", "ftp://u:SECRET1@h/?k=SECRET2", "--", "s"],
+            &[(ENV_TOKEN, "obs1.k.s")],
+        )
+        .expect("ok");
+        let msg = w.iter().map(ToString::to_string).collect::<String>();
+        assert!(msg.contains("ftp://<redacted>@h/?<redacted>"), "{msg}");
+        assert!(!msg.contains("SECRET"), "{msg}");
+        let e = resolve(&["w", "--http", "--upstream", "ws://h/mcp?k=SECRET3"], &[])
+            .expect_err("refused");
+        assert!(!e.to_string().contains("SECRET"), "{e}");
     }
 
     #[test]
