@@ -5,6 +5,9 @@
 //! becomes a [`ConfigWarning`] that the caller prints once, and the affected feature is switched
 //! off. Only a missing server command (stdio) or upstream (HTTP) is a hard error, because then
 //! there is nothing to run. It never reads `std::env`: the environment is passed in.
+//!
+//! Every variable of ours starts with [`ENV_PREFIX`], and that prefix is what keeps them from the
+//! wrapped server (invariant 9: see [`is_sensor_env`]).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -12,10 +15,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::ObserveArgs;
+use crate::event::filter::{check_actor_id, FilterError};
+use crate::log::redact_url;
 use crate::token::SensorToken;
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
 pub type Env = HashMap<String, String>;
+
+/// The prefix of every variable the wrapper reads. No variable with this prefix reaches the
+/// wrapped server, known to this build or not: a newer `mcp.json` may carry variables an older
+/// wrapper does not read, and they are just as much ours (a token, an ingest address).
+pub const ENV_PREFIX: &str = "BOUNDED_";
 
 pub const ENV_TOKEN: &str = "BOUNDED_SENSOR_TOKEN";
 pub const ENV_ORG: &str = "BOUNDED_ORG";
@@ -62,6 +72,8 @@ pub const DEFAULT_FLUSH: Duration = Duration::from_millis(2000);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a dead ingest may delay the wrapper's exit (issue: reporter shutdown ≤ 2 s).
 pub const DEFAULT_SHUTDOWN_FLUSH: Duration = Duration::from_millis(2000);
+/// Actor when neither `--actor` nor a token's keyId is known (events then go to a `file:` sink).
+pub const DEFAULT_ACTOR_NO_TOKEN: &str = "mcp:unknown";
 /// Fallback server name when neither `--name` nor `serverInfo.name` is known.
 pub const DEFAULT_SERVER_NAME: &str = "mcp";
 
@@ -123,8 +135,14 @@ pub enum ConfigWarning {
         origin: &'static str,
         err: crate::token::TokenError,
     },
+    /// `value` is already redacted ([`redact_url`]): a warning never carries a URL's secrets.
     #[error("ingest {value:?} from {origin} is not http(s)://… or file:PATH: events will not be reported")]
     BadIngest { origin: &'static str, value: String },
+    /// A plain `http://` ingest off loopback: the token (and the events) cross the network
+    /// unencrypted. Not refused, since a trusted network or a TLS-terminating sidecar may make it
+    /// fine, but said once. `ingest` is redacted.
+    #[error("ingest {ingest} is plain http:// and not on this machine: the sensor token and events are sent in clear text; use https://")]
+    ClearTextIngest { ingest: String },
     #[error("{name} value {value:?} is not a whole number of milliseconds: using the default {default_ms}")]
     BadNumber {
         name: &'static str,
@@ -135,6 +153,15 @@ pub enum ConfigWarning {
     BadCapture { value: String },
     #[error("{ENV_PORT} value {value:?} is not a port number: using an ephemeral port")]
     BadPort { value: String },
+    /// The actor would fail the L3 filter on every event ([`check_actor_id`]), so every event
+    /// would be dropped. The value is not echoed: it may hold control characters. `reason` is the
+    /// filter's, e.g. `actor.id: too long`.
+    #[error("actor from {origin} would be rejected by the event filter ({reason}): using the default {default}")]
+    BadActor {
+        origin: &'static str,
+        reason: String,
+        default: String,
+    },
 }
 
 /// A misconfiguration that leaves nothing to run. Exit code 2.
@@ -147,10 +174,44 @@ pub enum ConfigError {
         "--http needs --upstream URL (or {ENV_UPSTREAM}), e.g. --upstream https://example.com/mcp"
     )]
     MissingUpstream,
+    /// Holds the redacted URL ([`redact_url`]).
     #[error("upstream {0:?} must be an http:// or https:// URL")]
     BadUpstream(String),
     #[error("a server command after `--` is not used with --http; drop one of them")]
     CommandWithHttp,
+}
+
+/// Whether a variable of the process environment is ours and so must be removed from the wrapped
+/// server's (invariant 9). Case-sensitive, as Unix variable names are: `bounded_x` is not ours
+/// and passes, like `OTEL_*` and everything else.
+pub fn is_sensor_env(name: &std::ffi::OsStr) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    name.as_bytes().starts_with(ENV_PREFIX.as_bytes())
+}
+
+/// The one host name taken as loopback without resolving it (RFC 6761 reserves it).
+const LOCALHOST: &str = "localhost";
+
+/// Whether an ingest base sends the token in clear text to another machine: `http://` with a
+/// host other than 127.0.0.0/8, `::1` or `localhost`. The host is read as the HTTP client will
+/// read it (WHATWG URL parsing: `127.1` is 127.0.0.1), so the check and the connection agree.
+/// A base that does not parse is not called clear text here; the sink reports it when it fails.
+fn is_clear_text_off_loopback(base: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(base) else {
+        return false;
+    };
+    if url.scheme() != "http" {
+        return false;
+    }
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    // The parser has already normalised an IP host (`127.1` → `127.0.0.1`, `[::1]`).
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => !ip.is_loopback(),
+        Err(_) => !host.trim_end_matches('.').eq_ignore_ascii_case(LOCALHOST),
+    }
 }
 
 fn truthy(v: &str) -> bool {
@@ -189,7 +250,7 @@ impl Config {
             let (upstream, _) =
                 pick(&args.upstream, ENV_UPSTREAM).ok_or(ConfigError::MissingUpstream)?;
             if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
-                return Err(ConfigError::BadUpstream(upstream));
+                return Err(ConfigError::BadUpstream(redact_url(&upstream)));
             }
             let port = match args.port {
                 Some(p) => p,
@@ -247,7 +308,7 @@ impl Config {
                     if path.is_empty() {
                         warnings.push(ConfigWarning::BadIngest {
                             origin: source,
-                            value: v.clone(),
+                            value: redact_url(&v),
                         });
                         IngestTarget::Off
                     } else {
@@ -258,7 +319,7 @@ impl Config {
                 } else {
                     warnings.push(ConfigWarning::BadIngest {
                         origin: source,
-                        value: v.clone(),
+                        value: redact_url(&v),
                     });
                     IngestTarget::Off
                 }
@@ -271,6 +332,15 @@ impl Config {
         };
         if matches!(ingest, IngestTarget::File(_)) {
             warnings.retain(|w| *w != ConfigWarning::NoToken);
+        }
+        // Only when the token would really be sent: a disabled sensor or one without a usable
+        // token (target `Off` above) opens no connection to the ingest.
+        if let IngestTarget::Http(base) = &ingest {
+            if !disabled && is_clear_text_off_loopback(base) {
+                warnings.push(ConfigWarning::ClearTextIngest {
+                    ingest: redact_url(base),
+                });
+            }
         }
 
         let mut capture = Vec::new();
@@ -325,11 +395,28 @@ impl Config {
             DEFAULT_SHUTDOWN_FLUSH,
         );
 
+        let default_actor = match &token {
+            Some(t) => format!("mcp:{}", t.key_id()),
+            None => DEFAULT_ACTOR_NO_TOKEN.to_string(),
+        };
+        // Checked with the filter's own rule: an actor it rejects would silently drop every
+        // event, so the default is used instead, with one warning.
         let actor = match pick(&args.actor, ENV_ACTOR) {
-            Some((a, _)) => a,
-            None => match &token {
-                Some(t) => format!("mcp:{}", t.key_id()),
-                None => "mcp:unknown".to_string(),
+            None => default_actor,
+            Some((a, source)) => match check_actor_id(&a) {
+                Ok(()) => a,
+                Err(FilterError::Invalid(reason)) => {
+                    warnings.push(ConfigWarning::BadActor {
+                        origin: if source == "flag" {
+                            "--actor"
+                        } else {
+                            ENV_ACTOR
+                        },
+                        reason,
+                        default: default_actor.clone(),
+                    });
+                    default_actor
+                }
             },
         };
 
@@ -455,5 +542,159 @@ mod tests {
         let (c, w) = resolve(&["w", "--", "s"], &[(ENV_DISABLED, "1")]).expect("ok");
         assert!(c.disabled);
         assert!(w.is_empty(), "no token warning when disabled: {w:?}");
+    }
+
+    #[test]
+    fn invalid_actor_warns_once_and_the_default_actor_is_used() {
+        let long = "a".repeat(crate::event::filter::MAX_TEXT_LEN + 1);
+        for (argv, env, origin) in [
+            (
+                vec![
+                    "w",
+                    "--token",
+                    "obs1.k1.sig",
+                    "--actor",
+                    "agent\tseven",
+                    "--",
+                    "s",
+                ],
+                vec![],
+                "--actor",
+            ),
+            (
+                vec!["w", "--token", "obs1.k1.sig", "--", "s"],
+                vec![(ENV_ACTOR, long.as_str())],
+                ENV_ACTOR,
+            ),
+        ] {
+            let (c, w) = resolve(&argv, &env).expect("still runs");
+            assert_eq!(c.actor, "mcp:k1", "the default actor replaces the bad one");
+            assert_eq!(w.len(), 1, "{w:?}");
+            let msg = w[0].to_string();
+            assert!(msg.contains(origin) && msg.contains("mcp:k1"), "{msg}");
+            assert!(
+                !msg.contains('\t') && !msg.contains(&long),
+                "not echoed: {msg}"
+            );
+        }
+        // Without a token the default is the no-token actor, and events still reach a file.
+        let (c, w) = resolve(
+            &["w", "--ingest", "file:/tmp/x", "--actor", "a\nb", "--", "s"],
+            &[],
+        )
+        .expect("ok");
+        assert_eq!(c.actor, DEFAULT_ACTOR_NO_TOKEN);
+        assert_eq!(w.len(), 1, "{w:?}");
+    }
+
+    #[test]
+    fn valid_actor_is_kept_as_given() {
+        let max = "é".repeat(crate::event::filter::MAX_TEXT_LEN / 2);
+        for actor in ["agent-7", "svc:billing bot", max.as_str()] {
+            let (c, w) = resolve(
+                &["w", "--token", "obs1.k.s", "--actor", actor, "--", "s"],
+                &[],
+            )
+            .expect("ok");
+            assert_eq!(c.actor, actor);
+            assert!(w.is_empty(), "{w:?}");
+        }
+    }
+
+    #[test]
+    fn clear_text_ingest_off_loopback_warns_once() {
+        let token = [(ENV_TOKEN, "obs1.k.s")];
+        let (_, w) = resolve(
+            &[
+                "w",
+                "--ingest",
+                "http://ingest.example.invalid/?t=SECRET",
+                "--",
+                "s",
+            ],
+            &token,
+        )
+        .expect("ok");
+        assert_eq!(w.len(), 1, "{w:?}");
+        let msg = w[0].to_string();
+        assert!(
+            msg.contains("clear text") && msg.contains("ingest.example.invalid"),
+            "{msg}"
+        );
+        assert!(!msg.contains("SECRET"), "{msg}");
+        for ingest in [
+            "http://10.0.0.1:7361",
+            "http://[2001:db8::1]/",
+            "http://localhost.example",
+        ] {
+            let (_, w) = resolve(&["w", "--ingest", ingest, "--", "s"], &token).expect("ok");
+            assert!(
+                matches!(w.as_slice(), [ConfigWarning::ClearTextIngest { .. }]),
+                "{ingest}: {w:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn loopback_or_tls_ingest_or_nothing_sent_gives_no_clear_text_warning() {
+        let token = [(ENV_TOKEN, "obs1.k.s")];
+        for ingest in [
+            "http://127.0.0.1:7361",
+            "http://127.9.9.9",
+            "http://127.1:7361",
+            "http://localhost:7361/",
+            "http://LOCALHOST.:7361",
+            "http://[::1]:7361",
+            "https://ingest.example.invalid",
+        ] {
+            let (_, w) = resolve(&["w", "--ingest", ingest, "--", "s"], &token).expect("ok");
+            assert!(w.is_empty(), "{ingest}: {w:?}");
+        }
+        // No token: nothing is sent, so nothing crosses in clear text.
+        let (_, w) =
+            resolve(&["w", "--ingest", "http://example.invalid", "--", "s"], &[]).expect("ok");
+        assert_eq!(w, vec![ConfigWarning::NoToken]);
+        // Kill switch: no network at all.
+        let (_, w) = resolve(
+            &["w", "--ingest", "http://example.invalid", "--", "s"],
+            &[(ENV_TOKEN, "obs1.k.s"), (ENV_DISABLED, "1")],
+        )
+        .expect("ok");
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn urls_in_warnings_and_errors_are_redacted() {
+        let (_, w) = resolve(
+            &["w", "--ingest", "ftp://u:SECRET1@h/?k=SECRET2", "--", "s"],
+            &[(ENV_TOKEN, "obs1.k.s")],
+        )
+        .expect("ok");
+        let msg = w.iter().map(ToString::to_string).collect::<String>();
+        assert!(msg.contains("ftp://<redacted>@h/?<redacted>"), "{msg}");
+        assert!(!msg.contains("SECRET"), "{msg}");
+        let e = resolve(&["w", "--http", "--upstream", "ws://h/mcp?k=SECRET3"], &[])
+            .expect_err("refused");
+        assert!(!e.to_string().contains("SECRET"), "{e}");
+    }
+
+    #[test]
+    fn only_bounded_prefixed_names_are_sensor_variables() {
+        for name in [
+            ENV_TOKEN,
+            ENV_DISABLED,
+            "BOUNDED_FUTURE_SETTING",
+            "BOUNDED_",
+        ] {
+            assert!(is_sensor_env(name.as_ref()), "{name}");
+        }
+        for name in [
+            "OTEL_SERVICE_NAME",
+            "bounded_sensor_token",
+            "XBOUNDED_TOKEN",
+            "PATH",
+        ] {
+            assert!(!is_sensor_env(name.as_ref()), "{name}");
+        }
     }
 }

@@ -39,7 +39,8 @@ pub const EXIT_USAGE: i32 = 2;
 
 /// Runs the sensor: parses `argv` (program name first; a leading `observe mcp` is tolerated),
 /// reads configuration from `env` (never from the process), runs the wrapped server to the end
-/// and returns the exit code to use — the server's own.
+/// and returns the exit code to use — the server's own. `env` is configuration only: the server
+/// gets the process's environment minus every `BOUNDED_*` variable, never this map.
 pub fn run_mcp_observe<I, T>(argv: I, env: Env) -> i32
 where
     I: IntoIterator<Item = T>,

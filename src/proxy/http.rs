@@ -12,7 +12,9 @@
 //!
 //! Decisions a user sees (README):
 //! * **Listener**: `127.0.0.1` only, on `--port` or an ephemeral port; once it accepts it
-//!   prints `[observe-mcp] listening http://127.0.0.1:<port> → <upstream>` on stderr.
+//!   prints `[observe-mcp] listening http://127.0.0.1:<port> → <upstream>` on stderr, the
+//!   upstream's query (often its credential, `?api_key=…`) shown as `?<redacted>`, as in every
+//!   line that names it.
 //! * **Paths**: the local root (`/`) and the upstream's own path (e.g. `/mcp`) both reach the
 //!   upstream endpoint; any other path is forwarded unchanged to the upstream's origin, so
 //!   OAuth discovery (`/.well-known/…`) keeps working. A query on `/` is appended to the
@@ -51,7 +53,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, Mode};
-use crate::log::PREFIX;
+use crate::log::{redact_url, PREFIX};
 use crate::observe::{EndCause, Observer, Transport};
 
 pub use forward::{strip_hop_by_hop, HEADER_SESSION_ID};
@@ -80,24 +82,26 @@ pub struct Upstream {
     pub scheme: Scheme,
     pub authority: Authority,
     pub path_and_query: PathAndQuery,
-    /// As given on the command line, for logs.
+    /// As given on the command line with its query redacted ([`redact_url`]), for logs: the
+    /// only form of the URL any line prints.
     pub display: String,
 }
 
 impl Upstream {
     pub fn parse(url: &str) -> Result<Upstream, String> {
+        let shown = redact_url(url);
         let uri: Uri = url
             .parse()
-            .map_err(|e| format!("upstream {url:?} is not a URL: {e}"))?;
+            .map_err(|e| format!("upstream {shown:?} is not a URL: {e}"))?;
         let scheme = uri
             .scheme()
             .filter(|s| **s == Scheme::HTTP || **s == Scheme::HTTPS)
             .cloned()
-            .ok_or_else(|| format!("upstream {url:?} must be http:// or https://"))?;
+            .ok_or_else(|| format!("upstream {shown:?} must be http:// or https://"))?;
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("upstream {url:?} has no host"))?;
+            .ok_or_else(|| format!("upstream {shown:?} has no host"))?;
         if authority.as_str().contains('@') {
             // The URL is not echoed: it holds a secret.
             return Err(
@@ -113,7 +117,7 @@ impl Upstream {
             scheme,
             authority,
             path_and_query,
-            display: url.to_string(),
+            display: shown,
         })
     }
 
@@ -365,6 +369,7 @@ mod tests {
         assert_eq!(u.scheme, Scheme::HTTPS);
         assert_eq!(u.host(), "mcp.example.com:8443");
         assert_eq!(u.path_and_query.as_str(), "/v1/mcp?x=1");
+        assert_eq!(u.display, "https://mcp.example.com:8443/v1/mcp?<redacted>");
         assert_eq!(
             Upstream::parse("http://127.0.0.1:9")
                 .expect("valid")
@@ -380,5 +385,13 @@ mod tests {
         assert!(Upstream::parse("/mcp").is_err());
         let e = Upstream::parse("https://user:secret@example.com/mcp").expect_err("refused");
         assert!(e.contains("credentials") && !e.contains("secret"), "{e}");
+        for bad in [
+            "ftp://example.com/mcp?k=secret",
+            "http:///mcp?k=secret",
+            "http://a b?k=secret",
+        ] {
+            let e = Upstream::parse(bad).expect_err("refused");
+            assert!(!e.contains("secret"), "{e}");
+        }
     }
 }

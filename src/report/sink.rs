@@ -89,7 +89,7 @@ impl Sink {
 
     pub(crate) fn describe(&self) -> String {
         match self {
-            Sink::Http(s) => s.url.clone(),
+            Sink::Http(s) => crate::log::redact_url(&s.url),
             Sink::File(f) => format!("file:{}", f.path.display()),
         }
     }
