@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::ObserveArgs;
+use crate::proxy::http::admit::Origin;
 use crate::token::SensorToken;
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
@@ -31,6 +32,7 @@ pub const ENV_FLUSH_MS: &str = "BOUNDED_FLUSH_MS";
 pub const ENV_CALL_TIMEOUT_MS: &str = "BOUNDED_CALL_TIMEOUT_MS";
 pub const ENV_SHUTDOWN_FLUSH_MS: &str = "BOUNDED_SHUTDOWN_FLUSH_MS";
 pub const ENV_DEBUG: &str = "BOUNDED_DEBUG";
+pub const ENV_ALLOW_ORIGINS: &str = "BOUNDED_ALLOW_ORIGINS";
 /// The kill switch (invariant 7).
 pub const ENV_DISABLED: &str = "BOUNDED_OBSERVE_MCP_DISABLED";
 
@@ -50,6 +52,7 @@ pub const ALL_ENV: &[&str] = &[
     ENV_CALL_TIMEOUT_MS,
     ENV_SHUTDOWN_FLUSH_MS,
     ENV_DEBUG,
+    ENV_ALLOW_ORIGINS,
     ENV_DISABLED,
 ];
 
@@ -109,6 +112,8 @@ pub struct Config {
     pub flush: Duration,
     pub call_timeout: Duration,
     pub shutdown_flush: Duration,
+    /// HTTP mode: browser origins admitted besides loopback and the upstream's own.
+    pub allow_origins: Vec<Origin>,
     pub debug: bool,
 }
 
@@ -135,6 +140,10 @@ pub enum ConfigWarning {
     BadCapture { value: String },
     #[error("{ENV_PORT} value {value:?} is not a port number: using an ephemeral port")]
     BadPort { value: String },
+    #[error(
+        "allowed origin {value:?} is not scheme://host[:port] (e.g. https://app.example): ignored"
+    )]
+    BadOrigin { value: String },
 }
 
 /// A misconfiguration that leaves nothing to run. Exit code 2.
@@ -325,6 +334,26 @@ impl Config {
             DEFAULT_SHUTDOWN_FLUSH,
         );
 
+        // As for --capture: the flags, when given, replace the env list.
+        let raw_origins: Vec<String> = if args.allow_origin.is_empty() {
+            env.get(ENV_ALLOW_ORIGINS)
+                .map(|v| v.split(',').map(str::trim).map(String::from).collect())
+                .unwrap_or_default()
+        } else {
+            args.allow_origin
+                .iter()
+                .map(|o| o.trim().to_string())
+                .collect()
+        };
+        let mut allow_origins = Vec::new();
+        for value in raw_origins.into_iter().filter(|o| !o.is_empty()) {
+            match Origin::parse(&value) {
+                Some(o) if !allow_origins.contains(&o) => allow_origins.push(o),
+                Some(_) => {}
+                None => warnings.push(ConfigWarning::BadOrigin { value }),
+            }
+        }
+
         let actor = match pick(&args.actor, ENV_ACTOR) {
             Some((a, _)) => a,
             None => match &token {
@@ -346,6 +375,7 @@ impl Config {
             flush,
             call_timeout,
             shutdown_flush,
+            allow_origins,
             debug,
         };
         Ok((config, warnings))
@@ -448,6 +478,39 @@ mod tests {
         assert_eq!(c.capture, vec!["sku".to_string(), "qty".to_string()]);
         assert_eq!(c.flush, DEFAULT_FLUSH);
         assert_eq!(w.len(), 1);
+    }
+
+    #[test]
+    fn allow_origins_flag_wins_and_malformed_ones_warn() {
+        let http = ["w", "--http", "--upstream", "http://127.0.0.1:9/mcp"];
+        let env = [
+            (ENV_ALLOW_ORIGINS, "https://env.example, null,"),
+            (ENV_TOKEN, "obs1.k.s"),
+        ];
+        let (c, w) = resolve(&http, &env).expect("ok");
+        assert_eq!(
+            c.allow_origins,
+            vec![Origin::parse("https://env.example").expect("ok")]
+        );
+        assert_eq!(
+            w,
+            vec![ConfigWarning::BadOrigin {
+                value: "null".into()
+            }]
+        );
+        let mut argv = http.to_vec();
+        argv.extend([
+            "--allow-origin",
+            "https://flag.example/",
+            "--allow-origin",
+            "*",
+        ]);
+        let (c, w) = resolve(&argv, &env).expect("ok");
+        assert_eq!(
+            c.allow_origins,
+            vec![Origin::parse("https://flag.example").expect("ok")]
+        );
+        assert_eq!(w, vec![ConfigWarning::BadOrigin { value: "*".into() }]);
     }
 
     #[test]

@@ -13,6 +13,12 @@
 //! Decisions a user sees (README):
 //! * **Listener**: `127.0.0.1` only, on `--port` or an ephemeral port; once it accepts it
 //!   prints `[observe-mcp] listening http://127.0.0.1:<port> → <upstream>` on stderr.
+//! * **Who may use it** ([`admit`], DNS rebinding): only requests whose `Host` is
+//!   `127.0.0.1`, `localhost` or `[::1]` with the bound port, and whose `Origin`, when there is
+//!   one, is a loopback origin (`http(s)://127.0.0.1|localhost|[::1]`, any port), the upstream's
+//!   own, or one given with `--allow-origin`. Anything else gets a 403 (a 400 when `Host` is
+//!   missing or repeated: a malformed HTTP/1.1 request) and never reaches the upstream; each
+//!   kind is warned about once. The kill switch keeps these checks.
 //! * **Paths**: the local root (`/`) and the upstream's own path (e.g. `/mcp`) both reach the
 //!   upstream endpoint; any other path is forwarded unchanged to the upstream's origin, so
 //!   OAuth discovery (`/.well-known/…`) keeps working. A query on `/` is appended to the
@@ -34,6 +40,7 @@
 //!   SIGTERM), as in stdio mode, where the wrapper's code follows a signalled server. A listener
 //!   that cannot bind, or an upstream URL that cannot be used, exits 1.
 
+pub mod admit;
 mod forward;
 pub mod sse;
 pub mod watch;
@@ -298,7 +305,14 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
     }
     let watch_stats = watch_tx.as_ref().map(|w| w.stats.clone());
     let display = upstream.display.clone();
-    let fwd = Arc::new(forward::Forwarder::new(upstream, client, watch_tx));
+    let admission = admit::Admission::new(
+        local_port,
+        &format!("{}://{}", upstream.scheme, upstream.authority),
+        &cfg.allow_origins,
+    );
+    let fwd = Arc::new(forward::Forwarder::new(
+        upstream, client, watch_tx, admission,
+    ));
 
     eprintln!("{PREFIX} listening http://127.0.0.1:{local_port} → {display}");
 

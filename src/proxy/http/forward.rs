@@ -1,7 +1,8 @@
 //! The forwarding path: one client request in, the same request to the upstream, its response
 //! back — headers filtered for hop-by-hop only, bodies streamed frame by frame.
 //!
-//! Owns the header policy, the upstream URI mapping, the 502 for an unreachable upstream, and
+//! Owns the header policy, the upstream URI mapping, the 502 for an unreachable upstream, the
+//! refusal of requests [`Admission`] does not admit (before anything reaches the upstream), and
 //! [`TeeBody`], the body wrapper that hands each forwarded chunk's `Bytes` copy to the
 //! observation channel after passing it on. Goes in: a hyper request. Comes out: a hyper
 //! response whose body yields the upstream's frames as they arrive. It must never buffer a
@@ -22,6 +23,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
+use super::admit::{Admission, Refusal};
 use super::watch::{BodyEnd, ReqKind, WatchMsg, WatchTx};
 use super::Upstream;
 use crate::tap::Direction;
@@ -56,15 +58,23 @@ pub struct Forwarder {
     pub client: UpstreamClient,
     /// `None` with the kill switch: no observation at all.
     pub watch: Option<WatchTx>,
+    /// Which requests may reach the upstream (`Host`, `Origin`); kept with the kill switch.
+    admission: Admission,
     next_exchange: AtomicU64,
 }
 
 impl Forwarder {
-    pub fn new(upstream: Upstream, client: UpstreamClient, watch: Option<WatchTx>) -> Self {
+    pub(crate) fn new(
+        upstream: Upstream,
+        client: UpstreamClient,
+        watch: Option<WatchTx>,
+        admission: Admission,
+    ) -> Self {
         Forwarder {
             upstream,
             client,
             watch,
+            admission,
             next_exchange: AtomicU64::new(1),
         }
     }
@@ -87,7 +97,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The response body the client reads: the upstream's (teed), or the proxy's own 502.
+/// The response body the client reads: the upstream's (teed), or the proxy's own answer.
 pub enum ProxyBody {
     Upstream(TeeBody),
     Full(Option<Bytes>),
@@ -349,12 +359,25 @@ fn plain(status: StatusCode, msg: &'static str) -> Response<ProxyBody> {
     resp
 }
 
+/// The answer to a request that is not admitted. The connection is closed after it: the
+/// request's body is never read, and a refused peer gets no kept-alive connection.
+fn refused(refusal: Refusal) -> Response<ProxyBody> {
+    let mut resp = plain(refusal.status(), refusal.message());
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
 /// Forwards one request. Never fails: an upstream failure is the client's 502.
 pub async fn forward(
     fwd: Arc<Forwarder>,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let (mut parts, body) = req.into_parts();
+    // First, before an exchange exists: a refused request is neither forwarded nor observed.
+    if let Err(refusal) = fwd.admission.check(&parts.uri, &parts.headers) {
+        return Ok(refused(refusal));
+    }
     let uri = match upstream_uri(&fwd.upstream, &parts.uri) {
         Ok(u) => u,
         Err(_) => return Ok(plain(StatusCode::BAD_REQUEST, "Bad Request\n")),
