@@ -59,6 +59,10 @@ pub struct ObserveArgs {
     #[arg(long = "allow-origin", value_name = "ORIGIN")]
     pub allow_origin: Vec<String>,
 
+    /// On SIGINT/SIGTERM in --http mode, how long calls in flight may take to finish, in milliseconds, before they are cut [env: BOUNDED_DRAIN_MS] [default: 5000]
+    #[arg(long, value_name = "MS")]
+    pub drain_ms: Option<u64>,
+
     /// Batch flush interval in milliseconds [env: BOUNDED_FLUSH_MS] [default: 2000]
     #[arg(long, value_name = "MS")]
     pub flush_ms: Option<u64>,
@@ -180,6 +184,8 @@ mod tests {
             "https://a.example",
             "--allow-origin",
             "https://b.example",
+            "--drain-ms",
+            "300",
         ]))
         .expect("ok");
         assert_eq!(
@@ -189,6 +195,7 @@ mod tests {
                 "https://b.example".to_string()
             ]
         );
+        assert_eq!(cli.args.drain_ms, Some(300));
     }
 
     #[test]

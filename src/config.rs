@@ -33,6 +33,7 @@ pub const ENV_CALL_TIMEOUT_MS: &str = "BOUNDED_CALL_TIMEOUT_MS";
 pub const ENV_SHUTDOWN_FLUSH_MS: &str = "BOUNDED_SHUTDOWN_FLUSH_MS";
 pub const ENV_DEBUG: &str = "BOUNDED_DEBUG";
 pub const ENV_ALLOW_ORIGINS: &str = "BOUNDED_ALLOW_ORIGINS";
+pub const ENV_DRAIN_MS: &str = "BOUNDED_DRAIN_MS";
 /// The kill switch (invariant 7).
 pub const ENV_DISABLED: &str = "BOUNDED_OBSERVE_MCP_DISABLED";
 
@@ -53,6 +54,7 @@ pub const ALL_ENV: &[&str] = &[
     ENV_SHUTDOWN_FLUSH_MS,
     ENV_DEBUG,
     ENV_ALLOW_ORIGINS,
+    ENV_DRAIN_MS,
     ENV_DISABLED,
 ];
 
@@ -65,6 +67,9 @@ pub const DEFAULT_FLUSH: Duration = Duration::from_millis(2000);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a dead ingest may delay the wrapper's exit (issue: reporter shutdown ≤ 2 s).
 pub const DEFAULT_SHUTDOWN_FLUSH: Duration = Duration::from_millis(2000);
+/// How long an HTTP call in flight at SIGTERM may take to finish: longer than most tool calls,
+/// short enough for a supervisor's stop timeout (systemd and Kubernetes wait 90 s and 30 s).
+pub const DEFAULT_DRAIN: Duration = Duration::from_millis(5000);
 /// Fallback server name when neither `--name` nor `serverInfo.name` is known.
 pub const DEFAULT_SERVER_NAME: &str = "mcp";
 
@@ -112,6 +117,8 @@ pub struct Config {
     pub flush: Duration,
     pub call_timeout: Duration,
     pub shutdown_flush: Duration,
+    /// HTTP mode: how long exchanges in flight at a signal may take to finish.
+    pub drain: Duration,
     /// HTTP mode: browser origins admitted besides loopback and the upstream's own.
     pub allow_origins: Vec<Origin>,
     pub debug: bool,
@@ -323,6 +330,7 @@ impl Config {
         };
         let flush =
             millis(args.flush_ms, ENV_FLUSH_MS, DEFAULT_FLUSH).max(Duration::from_millis(1));
+        let drain = millis(args.drain_ms, ENV_DRAIN_MS, DEFAULT_DRAIN);
         let call_timeout = millis(
             args.call_timeout_ms,
             ENV_CALL_TIMEOUT_MS,
@@ -375,6 +383,7 @@ impl Config {
             flush,
             call_timeout,
             shutdown_flush,
+            drain,
             allow_origins,
             debug,
         };
@@ -511,6 +520,19 @@ mod tests {
             vec![Origin::parse("https://flag.example").expect("ok")]
         );
         assert_eq!(w, vec![ConfigWarning::BadOrigin { value: "*".into() }]);
+    }
+
+    #[test]
+    fn drain_defaults_to_5_s_and_flag_wins() {
+        let http = ["w", "--http", "--upstream", "http://127.0.0.1:9/mcp"];
+        let (c, _) = resolve(&http, &[]).expect("ok");
+        assert_eq!(c.drain, DEFAULT_DRAIN);
+        let (c, _) = resolve(&http, &[(ENV_DRAIN_MS, "250")]).expect("ok");
+        assert_eq!(c.drain, Duration::from_millis(250));
+        let mut argv = http.to_vec();
+        argv.extend(["--drain-ms", "0"]);
+        let (c, _) = resolve(&argv, &[(ENV_DRAIN_MS, "250")]).expect("ok");
+        assert_eq!(c.drain, Duration::ZERO);
     }
 
     #[test]

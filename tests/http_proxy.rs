@@ -140,9 +140,17 @@ impl Proxy {
     }
 
     fn signal(&mut self, sig: libc::c_int) -> i32 {
+        self.send_signal(sig);
+        self.wait_exit()
+    }
+
+    fn send_signal(&self, sig: libc::c_int) {
         let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
         // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
         unsafe { libc::kill(pid, sig) };
+    }
+
+    fn wait_exit(&mut self) -> i32 {
         let deadline = Instant::now() + IO_TIMEOUT;
         loop {
             if let Some(st) = self.child.try_wait().expect("wait") {
@@ -784,8 +792,15 @@ async fn kill_switch_is_a_pure_proxy_with_no_network_to_the_ingest() {
 async fn sigint_and_sigterm_shut_down_with_128_plus_signal() {
     let fx = Fixture::start("raw");
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        let mut proxy = Proxy::start(&fx.url, &[("BOUNDED_SHUTDOWN_FLUSH_MS", "200")], &[]);
-        // An open stream must not hold the shutdown.
+        let mut proxy = Proxy::start(
+            &fx.url,
+            &[
+                ("BOUNDED_SHUTDOWN_FLUSH_MS", "200"),
+                ("BOUNDED_DRAIN_MS", "300"),
+            ],
+            &[],
+        );
+        // A call that never ends holds the shutdown no longer than the drain deadline.
         let c = client();
         let mut req = Request::post(proxy.url("/mcp"));
         for (k, v) in JSON_POST {
@@ -1344,4 +1359,234 @@ async fn kill_switch_keeps_the_host_and_origin_checks() {
     assert_eq!(a.status, StatusCode::OK);
     let stderr = stderr_with(&proxy, ORIGIN_REFUSED);
     assert_eq!(stderr.matches(HOST_REFUSED).count(), 1, "{stderr}");
+}
+
+// ---------------------------------------------------------------- draining at shutdown
+
+fn delay_call(id: u64, ms: u64) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "delay", "arguments": {"ms": ms}}})
+    .to_string()
+}
+
+fn post(url: &str, body: String) -> Request<Full<Bytes>> {
+    let mut req = Request::post(url);
+    for (k, v) in JSON_POST {
+        req = req.header(*k, *v);
+    }
+    req.body(Full::new(Bytes::from(body))).expect("request")
+}
+
+/// Waits until the raw fixture has received `n` requests (the calls are in flight upstream).
+async fn upstream_saw(fx: &Fixture, n: u64) {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while upstream_requests(fx).await < n {
+        assert!(Instant::now() < deadline, "upstream never saw {n} requests");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SIGTERM while calls are in flight: the clients get their whole answers (a JSON response
+/// and an SSE response), new connections are refused meanwhile, the calls are reported as
+/// successes, and the process then exits with 143.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_in_flight_at_sigterm_finish_before_exit() {
+    let fx = Fixture::start("raw");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = dir.path().join("events.jsonl");
+    let ingest = format!("file:{}", sink.display());
+    let mut proxy = Proxy::start(
+        &fx.url,
+        &[("BOUNDED_FLUSH_MS", "20")],
+        &["--ingest", &ingest],
+    );
+    let url = proxy.url("/mcp");
+    let c = client();
+
+    // An SSE response: first event now, the result 1 s later. Read up to the first event.
+    let resp = tokio::time::timeout(IO_TIMEOUT, c.request(post(&url, call(1, "slow"))))
+        .await
+        .expect("head in time")
+        .expect("head");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut sse = resp.into_body();
+    let mut sse_text = String::new();
+    while !sse_text.contains("first event") {
+        let frame = tokio::time::timeout(IO_TIMEOUT, sse.frame())
+            .await
+            .expect("first event in time")
+            .expect("a frame")
+            .expect("ok frame");
+        if let Some(d) = frame.data_ref() {
+            sse_text.push_str(&String::from_utf8_lossy(d));
+        }
+    }
+    // A JSON response after 2 s.
+    let c2 = client();
+    let json_url = url.clone();
+    let json_call = tokio::spawn(async move {
+        send(&c2, Method::POST, &json_url, JSON_POST, delay_call(2, 2000)).await
+    });
+    upstream_saw(&fx, 2).await;
+
+    proxy.send_signal(libc::SIGTERM);
+    // The listener stops accepting while the calls finish.
+    let port = proxy.port;
+    let refused = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < deadline {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        false
+    });
+
+    while let Some(frame) = tokio::time::timeout(IO_TIMEOUT, sse.frame())
+        .await
+        .expect("SSE frame in time")
+    {
+        let frame = frame.expect("the SSE response is not cut");
+        if let Some(d) = frame.data_ref() {
+            sse_text.push_str(&String::from_utf8_lossy(d));
+        }
+    }
+    assert!(
+        sse_text.contains("\"done\""),
+        "SSE result missing: {sse_text}"
+    );
+    let a = json_call.await.expect("JSON call task");
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(
+        String::from_utf8_lossy(&a.body).contains("delayed 2000 ms"),
+        "{:?}",
+        a.body
+    );
+    assert!(
+        refused.await.expect("connect task"),
+        "new connections were still accepted while draining"
+    );
+    let code = tokio::task::spawn_blocking(move || proxy.wait_exit())
+        .await
+        .expect("wait");
+    assert_eq!(code, 128 + libc::SIGTERM);
+
+    let text = std::fs::read_to_string(&sink).unwrap_or_default();
+    let events: Vec<Value> = text
+        .lines()
+        .flat_map(|l| {
+            let batch: Value = serde_json::from_str(l).expect("one batch per line");
+            batch["events"].as_array().cloned().unwrap_or_default()
+        })
+        .collect();
+    for tool in ["slow", "delay"] {
+        let e = by_action(&events, tool);
+        assert_eq!(e.len(), 1, "{tool}: {events:?}");
+        assert_eq!(
+            e[0]["status"], 200,
+            "{tool} finished, and is reported so: {}",
+            e[0]
+        );
+    }
+}
+
+/// A call slower than `--drain-ms` is cut at the deadline, and the process exits soon after
+/// (it does not wait for the call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_slower_than_the_drain_deadline_is_cut() {
+    const DRAIN: Duration = Duration::from_millis(300);
+    let fx = Fixture::start("raw");
+    let mut proxy = Proxy::start(
+        &fx.url,
+        &[
+            ("BOUNDED_DRAIN_MS", "300"),
+            ("BOUNDED_SHUTDOWN_FLUSH_MS", "200"),
+        ],
+        &[],
+    );
+    let url = proxy.url("/mcp");
+    let in_flight = tokio::spawn(async move {
+        let c = client();
+        tokio::time::timeout(IO_TIMEOUT, c.request(post(&url, delay_call(1, 20_000))))
+            .await
+            .expect("the call ends in time")
+            .map(|r| r.status())
+    });
+    upstream_saw(&fx, 1).await;
+    let signalled = Instant::now();
+    proxy.send_signal(libc::SIGTERM);
+    let code = tokio::task::spawn_blocking(move || proxy.wait_exit())
+        .await
+        .expect("wait");
+    let took = signalled.elapsed();
+    assert_eq!(code, 128 + libc::SIGTERM);
+    assert!(
+        took >= DRAIN,
+        "exited after {took:?}, before the drain deadline"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "exited after {took:?}: waited for the call instead of cutting it"
+    );
+    let outcome = in_flight.await.expect("call task");
+    assert!(outcome.is_err(), "the cut call got an answer: {outcome:?}");
+}
+
+/// A GET event stream is the session's channel, not a call: it ends at once on SIGTERM (and
+/// the upstream's stream is closed) instead of holding the shutdown until the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_stream_ends_at_once_on_sigterm() {
+    let fx = Fixture::start("raw");
+    let mut proxy = Proxy::start(
+        &fx.url,
+        &[
+            ("BOUNDED_DRAIN_MS", "30000"),
+            ("BOUNDED_SHUTDOWN_FLUSH_MS", "200"),
+        ],
+        &[],
+    );
+    let c = client();
+    let get = Request::get(proxy.url("/mcp"))
+        .header("accept", "text/event-stream")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = tokio::time::timeout(IO_TIMEOUT, c.request(get))
+        .await
+        .expect("head in time")
+        .expect("head");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(IO_TIMEOUT, body.frame())
+        .await
+        .expect("first event in time")
+        .expect("a frame")
+        .expect("ok frame");
+    assert!(String::from_utf8_lossy(first.data_ref().expect("data")).contains("stream open"));
+
+    let signalled = Instant::now();
+    proxy.send_signal(libc::SIGTERM);
+    let end = tokio::time::timeout(IO_TIMEOUT, body.frame())
+        .await
+        .expect("the stream ends in time");
+    assert!(end.is_none(), "the stream ends cleanly, not cut: {end:?}");
+    let code = tokio::task::spawn_blocking(move || proxy.wait_exit())
+        .await
+        .expect("wait");
+    assert_eq!(code, 128 + libc::SIGTERM);
+    let took = signalled.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "a GET stream held the shutdown for {took:?}"
+    );
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        let stats = send(&c, Method::GET, &format!("{}/stats", fx.origin()), &[], "").await;
+        let v: Value = serde_json::from_slice(&stats.body).expect("stats");
+        if v["closed_streams"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "upstream stream still open");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
