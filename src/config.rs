@@ -17,6 +17,7 @@ use std::time::Duration;
 use crate::cli::ObserveArgs;
 use crate::event::filter::{check_actor_id, FilterError};
 use crate::log::redact_url;
+use crate::proxy::http::admit::Origin;
 use crate::token::SensorToken;
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
@@ -41,6 +42,8 @@ pub const ENV_FLUSH_MS: &str = "BOUNDED_FLUSH_MS";
 pub const ENV_CALL_TIMEOUT_MS: &str = "BOUNDED_CALL_TIMEOUT_MS";
 pub const ENV_SHUTDOWN_FLUSH_MS: &str = "BOUNDED_SHUTDOWN_FLUSH_MS";
 pub const ENV_DEBUG: &str = "BOUNDED_DEBUG";
+pub const ENV_ALLOW_ORIGINS: &str = "BOUNDED_ALLOW_ORIGINS";
+pub const ENV_DRAIN_MS: &str = "BOUNDED_DRAIN_MS";
 /// The kill switch (invariant 7).
 pub const ENV_DISABLED: &str = "BOUNDED_OBSERVE_MCP_DISABLED";
 
@@ -60,6 +63,8 @@ pub const ALL_ENV: &[&str] = &[
     ENV_CALL_TIMEOUT_MS,
     ENV_SHUTDOWN_FLUSH_MS,
     ENV_DEBUG,
+    ENV_ALLOW_ORIGINS,
+    ENV_DRAIN_MS,
     ENV_DISABLED,
 ];
 
@@ -74,6 +79,9 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_SHUTDOWN_FLUSH: Duration = Duration::from_millis(2000);
 /// Actor when neither `--actor` nor a token's keyId is known (events then go to a `file:` sink).
 pub const DEFAULT_ACTOR_NO_TOKEN: &str = "mcp:unknown";
+/// How long an HTTP call in flight at SIGTERM may take to finish: longer than most tool calls,
+/// short enough for a supervisor's stop timeout (systemd and Kubernetes wait 90 s and 30 s).
+pub const DEFAULT_DRAIN: Duration = Duration::from_millis(5000);
 /// Fallback server name when neither `--name` nor `serverInfo.name` is known.
 pub const DEFAULT_SERVER_NAME: &str = "mcp";
 
@@ -121,6 +129,10 @@ pub struct Config {
     pub flush: Duration,
     pub call_timeout: Duration,
     pub shutdown_flush: Duration,
+    /// HTTP mode: how long exchanges in flight at a signal may take to finish.
+    pub drain: Duration,
+    /// HTTP mode: browser origins admitted besides loopback and the upstream's own.
+    pub allow_origins: Vec<Origin>,
     pub debug: bool,
 }
 
@@ -162,6 +174,10 @@ pub enum ConfigWarning {
         reason: String,
         default: String,
     },
+    #[error(
+        "allowed origin {value:?} is not scheme://host[:port] (e.g. https://app.example): ignored"
+    )]
+    BadOrigin { value: String },
 }
 
 /// A misconfiguration that leaves nothing to run. Exit code 2.
@@ -384,6 +400,7 @@ impl Config {
         };
         let flush =
             millis(args.flush_ms, ENV_FLUSH_MS, DEFAULT_FLUSH).max(Duration::from_millis(1));
+        let drain = millis(args.drain_ms, ENV_DRAIN_MS, DEFAULT_DRAIN);
         let call_timeout = millis(
             args.call_timeout_ms,
             ENV_CALL_TIMEOUT_MS,
@@ -394,6 +411,26 @@ impl Config {
             ENV_SHUTDOWN_FLUSH_MS,
             DEFAULT_SHUTDOWN_FLUSH,
         );
+
+        // As for --capture: the flags, when given, replace the env list.
+        let raw_origins: Vec<String> = if args.allow_origin.is_empty() {
+            env.get(ENV_ALLOW_ORIGINS)
+                .map(|v| v.split(',').map(str::trim).map(String::from).collect())
+                .unwrap_or_default()
+        } else {
+            args.allow_origin
+                .iter()
+                .map(|o| o.trim().to_string())
+                .collect()
+        };
+        let mut allow_origins = Vec::new();
+        for value in raw_origins.into_iter().filter(|o| !o.is_empty()) {
+            match Origin::parse(&value) {
+                Some(o) if !allow_origins.contains(&o) => allow_origins.push(o),
+                Some(_) => {}
+                None => warnings.push(ConfigWarning::BadOrigin { value }),
+            }
+        }
 
         let default_actor = match &token {
             Some(t) => format!("mcp:{}", t.key_id()),
@@ -433,6 +470,8 @@ impl Config {
             flush,
             call_timeout,
             shutdown_flush,
+            drain,
+            allow_origins,
             debug,
         };
         Ok((config, warnings))
@@ -535,6 +574,52 @@ mod tests {
         assert_eq!(c.capture, vec!["sku".to_string(), "qty".to_string()]);
         assert_eq!(c.flush, DEFAULT_FLUSH);
         assert_eq!(w.len(), 1);
+    }
+
+    #[test]
+    fn allow_origins_flag_wins_and_malformed_ones_warn() {
+        let http = ["w", "--http", "--upstream", "http://127.0.0.1:9/mcp"];
+        let env = [
+            (ENV_ALLOW_ORIGINS, "https://env.example, null,"),
+            (ENV_TOKEN, "obs1.k.s"),
+        ];
+        let (c, w) = resolve(&http, &env).expect("ok");
+        assert_eq!(
+            c.allow_origins,
+            vec![Origin::parse("https://env.example").expect("ok")]
+        );
+        assert_eq!(
+            w,
+            vec![ConfigWarning::BadOrigin {
+                value: "null".into()
+            }]
+        );
+        let mut argv = http.to_vec();
+        argv.extend([
+            "--allow-origin",
+            "https://flag.example/",
+            "--allow-origin",
+            "*",
+        ]);
+        let (c, w) = resolve(&argv, &env).expect("ok");
+        assert_eq!(
+            c.allow_origins,
+            vec![Origin::parse("https://flag.example").expect("ok")]
+        );
+        assert_eq!(w, vec![ConfigWarning::BadOrigin { value: "*".into() }]);
+    }
+
+    #[test]
+    fn drain_defaults_to_5_s_and_flag_wins() {
+        let http = ["w", "--http", "--upstream", "http://127.0.0.1:9/mcp"];
+        let (c, _) = resolve(&http, &[]).expect("ok");
+        assert_eq!(c.drain, DEFAULT_DRAIN);
+        let (c, _) = resolve(&http, &[(ENV_DRAIN_MS, "250")]).expect("ok");
+        assert_eq!(c.drain, Duration::from_millis(250));
+        let mut argv = http.to_vec();
+        argv.extend(["--drain-ms", "0"]);
+        let (c, _) = resolve(&argv, &[(ENV_DRAIN_MS, "250")]).expect("ok");
+        assert_eq!(c.drain, Duration::ZERO);
     }
 
     #[test]

@@ -80,10 +80,11 @@ pub fn run_observe_args(args: &cli::ObserveArgs, env: &Env) -> i32 {
     };
 
     if cfg.disabled {
-        return match &cfg.mode {
-            config::Mode::Stdio { program, args } => proxy::stdio::exec_passthrough(program, args),
-            config::Mode::Http { .. } => proxy::http::run(&cfg),
-        };
+        if let config::Mode::Stdio { program, args } = &cfg.mode {
+            return proxy::stdio::exec_passthrough(program, args);
+        }
+        // HTTP mode keeps its listener's warnings (refused Hosts and Origins, bad
+        // --allow-origin values) with the kill switch: they are security, not observation.
     }
 
     log::init(cfg.debug);
