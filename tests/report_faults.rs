@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use bounded_observe_mcp::config::{Config, IngestTarget};
 use bounded_observe_mcp::event::{Event, EventSink, MAX_BATCH_EVENTS};
-use bounded_observe_mcp::report::{self, ReportConfig, ReportStats, Tuning, QUEUE_CAPACITY};
+use bounded_observe_mcp::report::{
+    self, ReportConfig, ReportStats, Tuning, MAX_BATCH_BYTES, QUEUE_CAPACITY,
+};
 use bounded_observe_mcp::token::SensorToken;
 use report_support::*;
 use serde_json::{json, Value};
@@ -588,4 +590,56 @@ fn reporter_outside_a_runtime_fails_open() {
     let stats = rt.block_on(h.shutdown());
     assert_eq!(stats.delivered, 0);
     assert_eq!(stats.dropped, 2, "counted, never a panic");
+}
+
+/// An event as wide as capture allows: 32 fields (the most an event keeps) of 128-byte values
+/// (the longest kept), under keys `--capture note_00 … note_31` would allow, all of which pass
+/// the privacy layers. About 5 KB encoded: 500 of them would be a 2.5 MB body.
+fn wide_event() -> Event {
+    let mut e = event("issue_refund");
+    let value: String = ('a'..='z').cycle().take(128).collect();
+    e.rec.fields = Some(
+        (0..32)
+            .map(|i| (format!("note_{i:02}"), Value::String(value.clone())))
+            .collect(),
+    );
+    e
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_of_wide_events_stay_under_one_mib_and_lose_no_event() {
+    let ingest = TestIngest::start().await;
+    // A flush interval longer than the test: only the size limits can cut batches.
+    let (mut q, h) = report::start_with(
+        cfg(IngestTarget::Http(ingest.base()), 600_000, 20_000),
+        quick(),
+    );
+    let n = 1200;
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let e = wide_event();
+        ids.push(e.id.clone());
+        q.emit(e);
+    }
+    let stats = h.shutdown().await;
+
+    let reqs = ingest.requests();
+    let sizes: Vec<usize> = reqs.iter().map(|r| r.body.len()).collect();
+    assert!(
+        sizes.iter().all(|&b| b <= MAX_BATCH_BYTES),
+        "every body within 1 MiB: {sizes:?}"
+    );
+    assert!(reqs.iter().all(|r| r.status == 200), "none refused");
+    for r in &reqs {
+        for e in r.json()["events"].as_array().expect("events") {
+            assert_eq!(
+                e["rec"]["fields"].as_object().map(|f| f.len()),
+                Some(32),
+                "every captured field arrives"
+            );
+        }
+    }
+    assert_eq!(accepted_ids(&ingest), ids, "every event once, in order");
+    assert_eq!(stats.delivered, n as u64);
+    assert_eq!(stats.dropped, 0);
 }

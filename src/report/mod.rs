@@ -11,9 +11,10 @@
 //!
 //! * [`EventQueue`]: bounded ([`QUEUE_CAPACITY`]); when full the newest event is dropped and
 //!   counted, and the count travels in the next batch's `dropped`.
-//! * [`batch`]: the batcher task: L3 filter → batches of ≤ 500 events or whatever is queued
-//!   after the flush interval → send with one retry → Delivered / Errored / Rejected. At most
-//!   one request in flight (why: see [`batch`]).
+//! * [`batch`]: the batcher task: L3 filter → batches of ≤ 500 events and ≤ 1 MiB
+//!   ([`MAX_BATCH_BYTES`]) or whatever is queued after the flush interval → send with one
+//!   retry → Delivered / Errored / Rejected. At most one request in flight (why: see
+//!   [`batch`]).
 //! * [`retry`]: [`retry::is_retriable`], the one classification of what is worth a retry.
 //! * [`sink`]: the HTTP(S) and `file:` sinks, timeouts, TLS, no gzip (why: see [`sink`]).
 //! * [`stats`]: counters and the stderr discipline (each kind of failure once, then a summary).
@@ -39,6 +40,7 @@ use crate::config::IngestTarget;
 use crate::event::{Event, EventSink};
 use crate::token::SensorToken;
 
+pub use batch::MAX_BATCH_BYTES;
 pub use sink::{Tuning, CONNECT_TIMEOUT, EVENTS_PATH, REQUEST_TIMEOUT};
 pub use stats::ReportStats;
 
@@ -156,6 +158,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         published,
         buf: Default::default(),
         pacer: cfg.pacer.clone(),
+        overflow: None,
         pending_dropped: 0,
         stats: ReportStats::default(),
         log: stats::FailureLog::default(),

@@ -8,8 +8,8 @@
 //!
 //! **HTTP**: `POST <base>/v1/events`, `Authorization: Bearer <token>`,
 //! `Content-Type: application/json`, HTTP/1.1 with keep-alive (one idle connection kept).
-//! Bodies are **not gzipped**: a batch is at most 500 metadata-only events (tens of KB, rarely a
-//! few hundred), the default ingest is on loopback where compression only costs CPU on the host
+//! Bodies are **not gzipped**: a batch is at most 500 metadata-only events and 1 MiB (usually
+//! tens of KB), the default ingest is on loopback where compression only costs CPU on the host
 //! we must not disturb, and an uncompressed body keeps the ingest free of decompression-bomb
 //! handling and its body limit (413) meaningful.
 //!
