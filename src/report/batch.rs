@@ -1,7 +1,7 @@
 //! The batcher: the reporter's one task, shaped like a sink pipeline.
 //!
 //! `queue → filter (L3) → batched(500 events, 1 MiB, flush interval) → encode → send with one
-//! retry → record outcome (Delivered / Errored / Rejected)`.
+//! retry → record outcome (Delivered / Errored / Rejected) → back off while the ingest fails`.
 //!
 //! Goes in: [`Event`]s from the bounded queue the observer fills. Comes out: encoded batches
 //! handed to a [`Sink`], and [`ReportStats`]. Every failure on this path is counted and logged
@@ -19,6 +19,14 @@
 //! L3 filter bounds every field (32 captured fields of at most 64 + 128 bytes, text of at most
 //! 256), so the largest event it lets through is about 33 KB, a thirtieth of the cap (a test
 //! builds it). Were one ever larger, it would travel alone, never split or stalled.
+//!
+//! **Back-off.** A batch whose delivery failed for a reason [`is_retriable`] accepts (its one
+//! retry included) makes the next wait: [`Cooldown`] doubles the pause per failed batch from
+//! 1 s, with jitter, up to 30 s, and never below the ingest's `Retry-After` (at most 60 s); a
+//! delivered batch resets it. Meanwhile events fill the current batch, then wait in the bounded
+//! queue, then are dropped and counted like any queue overflow. The pause never delays
+//! shutdown: if it would end after the shutdown deadline, what is left is counted as dropped at
+//! once.
 //!
 //! **Drop accounting.** Every event that does not reach the sink (queue full, rejected by the
 //! L3 filter, in a failed batch) is added to a pending count that the next batch carries in its
@@ -38,7 +46,10 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::retry::{backoff, is_retriable, DeliveryError, STATUS_UNAUTHORIZED};
+use super::retry::{
+    backoff, is_retriable, retry_after_of, retry_delay, Cooldown, DeliveryError,
+    STATUS_UNAUTHORIZED,
+};
 use super::sink::{Sink, Tuning};
 use super::stats::{summarise, warn_once, FailureKind, FailureLog, ReportStats};
 pub use crate::event::BATCH_VERSION;
@@ -99,6 +110,11 @@ pub(crate) struct Batcher {
     pub(crate) overflow: Option<Event>,
     /// Events lost since the last accepted batch; carried by the next one.
     pub(crate) pending_dropped: u64,
+    /// The pause between batches while the ingest keeps failing.
+    pub(crate) cooldown: Cooldown,
+    /// No batch is sent before this instant (set after a failed batch, cleared by a delivered
+    /// one).
+    pub(crate) resume_at: Option<Instant>,
     pub(crate) stats: ReportStats,
     pub(crate) log: FailureLog,
 }
@@ -122,8 +138,9 @@ impl Batcher {
         loop {
             let full = self.is_full();
             // A full batch goes at once, a partial one when its oldest event has waited the
-            // flush interval.
+            // flush interval; either only once a pending back-off is over.
             let due = if full { Some(Instant::now()) } else { flush_at };
+            let due = due.map(|d| self.resume_at.map_or(d, |r| r.max(d)));
             let wake = tokio::select! {
                 biased;
                 _ = shutdown_requested(&mut self.deadline) => Wake::Shutdown,
@@ -144,7 +161,7 @@ impl Batcher {
                         // Age-based: no event waits longer than the flush interval.
                         flush_at = Some(Instant::now() + self.flush);
                     }
-                    if self.is_full() {
+                    if self.is_full() && !self.backing_off() {
                         self.flush().await;
                         flush_at = self.next_flush_at();
                     }
@@ -168,6 +185,11 @@ impl Batcher {
     /// the next event did not fit under [`MAX_BATCH_BYTES`].
     fn is_full(&self) -> bool {
         self.buf.len() >= MAX_BATCH_EVENTS || self.overflow.is_some()
+    }
+
+    /// A failed batch's back-off is still running.
+    fn backing_off(&self) -> bool {
+        self.resume_at.is_some_and(|r| r > Instant::now())
     }
 
     /// When the batch left after a flush (the event that overflowed the last one) is due.
@@ -221,11 +243,34 @@ impl Batcher {
             if self.buf.is_empty() {
                 break;
             }
-            if self.deadline_passed() {
+            if self.deadline_passed() || !self.wait_out_backoff().await {
                 self.abandon_rest();
                 break;
             }
             self.flush().await;
+        }
+    }
+
+    /// Waits for a pending back-off to end; `false`, at once, when it would end after the
+    /// shutdown deadline: waiting would only hold the exit for a batch that cannot be sent.
+    async fn wait_out_backoff(&mut self) -> bool {
+        let Some(resume) = self.resume_at else {
+            return true;
+        };
+        loop {
+            if matches!(*self.deadline.borrow_and_update(), Some(d) if resume >= d) {
+                return false;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(resume) => return true,
+                changed = self.deadline.changed() => {
+                    if changed.is_err() {
+                        // The handle is gone: no deadline can come any more.
+                        tokio::time::sleep_until(resume).await;
+                        return true;
+                    }
+                }
+            }
         }
     }
 
@@ -307,13 +352,27 @@ impl Batcher {
                 self.stats.delivered += n;
                 self.stats.batches += 1;
                 self.pending_dropped = 0;
+                self.cooldown.succeeded();
+                self.resume_at = None;
+            }
+            Outcome::Errored(e) => {
+                // The ingest is failing: the next batch waits (never less than it asked).
+                let pause = self.cooldown.failed(retry_after_of(&e));
+                self.resume_at = Some(Instant::now() + pause);
+                if self.debug {
+                    tracing::debug!(
+                        pause_ms = pause.as_millis() as u64,
+                        "Backing off before the next batch"
+                    );
+                }
+                self.lose(n, Some(Outcome::Errored(e)));
             }
             other => self.lose(n, Some(other)),
         }
     }
 
-    /// One delivery: an attempt, one jittered retry if [`is_retriable`] says so, all of it
-    /// abandoned if the shutdown deadline passes first.
+    /// One delivery: an attempt, one jittered retry if [`is_retriable`] says so (no sooner than
+    /// the ingest's `Retry-After`), all of it abandoned if the shutdown deadline passes first.
     async fn send(&mut self, body: &Bytes) -> Outcome {
         let Some(sink) = self.sink.as_ref() else {
             return Outcome::Abandoned;
@@ -322,6 +381,7 @@ impl Batcher {
         let attempt = (|| sink.send_once(body))
             .retry(backoff(self.tuning.retry_delay))
             .when(is_retriable)
+            .adjust(retry_delay)
             .notify(|_, _| retries += 1);
         let result = tokio::select! {
             r = attempt => Some(r),
@@ -549,6 +609,8 @@ mod tests {
             pacer: None,
             overflow: None,
             pending_dropped: 0,
+            cooldown: Cooldown::new(tuning.cooldown_min, tuning.cooldown_max),
+            resume_at: None,
             stats: ReportStats::default(),
             log: FailureLog::default(),
         }
@@ -594,4 +656,54 @@ mod tests {
         assert_eq!(stats.delivered, n as u64);
         assert_eq!(stats.dropped, 0);
     }
+
+    // Real time, not `tokio::time::pause()`: that needs tokio's `test-util` feature, which this
+    // crate does not build; the waits here are short and the bounds loose.
+    #[tokio::test]
+    async fn shutdown_during_a_back_off_past_the_deadline_gives_up_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tx, rx) = mpsc::channel(16);
+        for _ in 0..3 {
+            tx.try_send(wide_event()).expect("room");
+        }
+        let start = Instant::now();
+        let (deadline_tx, deadline) = watch::channel(Some(start + Duration::from_secs(2)));
+        let sink = Sink::File(FileSink::new(dir.path().join("events.jsonl")));
+        let mut b = batcher(Some(sink), rx, deadline);
+        b.resume_at = Some(start + COOLDOWN_WAIT);
+        let stats = b.run().await;
+        drop(deadline_tx);
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "gave up at once, took {took:?}"
+        );
+        assert_eq!(stats.delivered, 0);
+        assert_eq!(stats.dropped, 3);
+        assert!(stats.deadline_hit);
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_out_a_back_off_that_ends_before_the_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("events.jsonl");
+        let (tx, rx) = mpsc::channel(16);
+        for _ in 0..3 {
+            tx.try_send(wide_event()).expect("room");
+        }
+        let start = Instant::now();
+        let (_deadline_tx, deadline) = watch::channel(Some(start + Duration::from_secs(10)));
+        let mut b = batcher(Some(Sink::File(FileSink::new(path))), rx, deadline);
+        b.resume_at = Some(start + Duration::from_millis(300));
+        let stats = b.run().await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(300),
+            "the back-off held"
+        );
+        assert_eq!(stats.delivered, 3);
+        assert!(!stats.deadline_hit);
+    }
+
+    /// A back-off far longer than any shutdown deadline.
+    const COOLDOWN_WAIT: Duration = Duration::from_secs(30);
 }
