@@ -11,9 +11,13 @@
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
 //!
 //! Files: the database at [`IngestConfig::db_path`] (default [`DEFAULT_DB_PATH`]; its directory
-//! is created if missing), plus beside it `<db>.signing-key` (the token signing secret; losing it
-//! invalidates every token) and, when no admin secret is given, `<db>.admin-secret`. Both are
-//! created owner-only (0600).
+//! is created owner-only (0700) if missing), plus beside it `<db>.signing-key` (the token
+//! signing secret; losing it invalidates every token) and, when no admin secret is given,
+//! `<db>.admin-secret`. Every one of them is created owner-only (0600), the database's `-wal` and
+//! `-shm` too (see [`store`]); the secrets are written whole or not at all (see [`keys`]). At
+//! start, a store or secret file readable by group or others gets one warning each
+//! (they are not changed: the operator may have meant it). A database that is not ours, or of a
+//! newer schema, is refused before anything is written to it.
 //!
 //! Routes (JSON; errors are `{ "error": "…" }`):
 //!
@@ -148,8 +152,19 @@ pub enum IngestError {
         path: PathBuf,
         source: rusqlite::Error,
     },
-    #[error("database {path} has schema version {found}, which this build does not know")]
-    SchemaVersion { path: PathBuf, found: i64 },
+    #[error("database {path} has schema version {found}, and this build knows only version {known} (made by a newer bounded-ingest?); it was left untouched")]
+    SchemaVersion {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    #[error("database {path} is not a bounded-ingest database ({detail}); it was left untouched: give --db a new file")]
+    ForeignDatabase { path: PathBuf, detail: String },
+    #[error("cannot create the database file {path}: {source}")]
+    DbFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot create the data directory {path}: {source}")]
     DataDir {
         path: PathBuf,
@@ -200,14 +215,17 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
     // File and SQLite work: off the async threads.
     let opened = tokio::task::spawn_blocking(move || {
         if let Some(dir) = db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| IngestError::DataDir {
+            create_data_dir(dir).map_err(|source| IngestError::DataDir {
                 path: dir.to_path_buf(),
                 source,
             })?;
         }
+        // The store first: a database that is not ours is refused before a secret is written
+        // beside it.
+        let store = store::Store::open(&db_path)?;
         let signer = keys::Signer::load_or_create(&db_path)?;
         let (admin, source) = keys::AdminSecret::resolve(admin_in.as_deref(), &db_path)?;
-        let store = store::Store::open(&db_path)?;
+        warn_readable_files(&db_path, &source);
         Ok::<_, IngestError>((signer, admin, source, store))
     })
     .await
@@ -300,4 +318,56 @@ impl RunningIngest {
             Ok(Err(e)) => Err(IngestError::Serve(std::io::Error::other(e.to_string()))),
         }
     }
+}
+
+/// Creates the data directory (and any missing parent) owner-only; an existing one is left as
+/// it is.
+fn create_data_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+/// One warning per store or secret file that group or others may read. Files are not
+/// changed: a group-readable backup setup may be deliberate, but it should be a choice.
+fn warn_readable_files(db: &Path, admin: &AdminSecretSource) {
+    let mut files: Vec<(PathBuf, &str)> = vec![
+        (db.to_path_buf(), "every stored event"),
+        (store::sidecar_path(db, "-wal"), "recent events"),
+        (
+            store::sidecar_path(db, "-shm"),
+            "the database's shared index",
+        ),
+        (keys::signing_secret_path(db), "the token signing key"),
+    ];
+    if let AdminSecretSource::File { path, .. } = admin {
+        files.push((path.clone(), "the admin secret"));
+    }
+    for (path, holds) in files {
+        if let Some(mode) = group_or_other_readable(&path) {
+            tracing::warn!(
+                "{} can be read by group or others (mode {mode:o}) and holds {holds}: chmod 600 it",
+                path.display()
+            );
+        }
+    }
+}
+
+/// The permission bits of `path` when group or others may read (or write) it; `None` when it
+/// is owner-only or does not exist.
+#[cfg(unix)]
+fn group_or_other_readable(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o066 != 0).then_some(mode)
+}
+
+#[cfg(not(unix))]
+fn group_or_other_readable(_path: &Path) -> Option<u32> {
+    None
 }
