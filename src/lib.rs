@@ -123,6 +123,7 @@ pub(crate) fn report_config(cfg: &config::Config, transport: &'static str) -> re
         shutdown_flush: cfg.shutdown_flush,
         transport,
         debug: cfg.debug,
+        ingest_ca: cfg.ingest_ca.clone(),
         pacer: None,
     }
 }

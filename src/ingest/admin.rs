@@ -9,8 +9,10 @@
 //! Its HTTP client follows the crate's one policy ([`crate::http_client`]): no proxy from the
 //! environment (`HTTP_PROXY` would see the admin secret and every minted token), no redirects (a
 //! 3xx is reported as [`AdminError::Redirect`], never followed with the secret), the same
-//! timeouts.
+//! timeouts. For an `https://` ingest whose certificate comes from a private CA, give that CA to
+//! [`AdminClient::with_extra_roots`] (`bounded-ingest mint --ingest-ca PATH`).
 
+use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -98,13 +100,26 @@ impl std::fmt::Debug for AdminClient {
 impl AdminClient {
     /// `base` is the ingest root, e.g. `http://127.0.0.1:7361`.
     pub fn new(base: &str, admin_secret: &str) -> Result<Self, AdminError> {
+        Self::with_extra_roots(base, admin_secret, Vec::new())
+    }
+
+    /// As [`AdminClient::new`], trusting `extra_roots` (a private CA, see
+    /// [`crate::http_client::load_ca_file`]) besides the default roots for an `https://` ingest.
+    pub fn with_extra_roots(
+        base: &str,
+        admin_secret: &str,
+        extra_roots: Vec<CertificateDer<'static>>,
+    ) -> Result<Self, AdminError> {
         let trimmed = base.trim_end_matches('/');
         let url = reqwest::Url::parse(&format!("{trimmed}/"))
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
             .ok_or_else(|| AdminError::BadUrl(redact_url(base)))?;
-        let http = crate::http_client::build(&crate::http_client::ClientOptions::default())
-            .map_err(|e| AdminError::Client(e.0))?;
+        let http = crate::http_client::build(&crate::http_client::ClientOptions {
+            extra_roots,
+            ..Default::default()
+        })
+        .map_err(|e| AdminError::Client(e.0))?;
         Ok(AdminClient {
             base: url,
             secret: admin_secret.to_string(),

@@ -14,8 +14,9 @@
 //! we must not disturb, and an uncompressed body keeps the ingest free of decompression-bomb
 //! handling and its body limit (413) meaningful.
 //!
-//! **TLS**: rustls with the `ring` provider and the operating system's roots, else the Mozilla
-//! roots compiled in (see [`crate::http_client`]).
+//! **TLS**: rustls with the `ring` provider, the operating system's roots (else the Mozilla
+//! roots compiled in), plus the private CA of `--ingest-ca` / `BOUNDED_INGEST_CA` when given
+//! (see [`crate::http_client`]).
 //!
 //! **File** (`--ingest file:PATH`): each batch is appended as one line (the batch JSON plus
 //! `\n`) with a single `write` on a file opened with `O_APPEND`, created if missing, so
@@ -26,6 +27,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+
+use rustls::pki_types::CertificateDer;
 
 use super::retry::{status_error, DeliveryError};
 use crate::http_client::ClientOptions;
@@ -99,17 +102,19 @@ pub(crate) struct HttpSink {
 }
 
 impl HttpSink {
-    /// Builds the client (no socket is opened until the first send). `Err` only when no TLS
-    /// configuration at all can be built or the token cannot be a header value; the caller then
-    /// reports nothing (fail open).
+    /// Builds the client (no socket is opened until the first send); `extra_roots` is the
+    /// private CA of `--ingest-ca`, if any. `Err` only when no TLS configuration at all can be
+    /// built or the token cannot be a header value; the caller then reports nothing (fail open).
     pub(crate) fn new(
         base: &str,
         token: &SensorToken,
         tuning: &Tuning,
+        extra_roots: &[CertificateDer<'static>],
     ) -> Result<HttpSink, DeliveryError> {
         let client = crate::http_client::build(&ClientOptions {
             connect_timeout: tuning.connect_timeout,
             request_timeout: tuning.request_timeout,
+            extra_roots: extra_roots.to_vec(),
             max_idle_per_host: POOL_IDLE_PER_HOST,
         })
         .map_err(|e| DeliveryError::Connect(e.0))?;
