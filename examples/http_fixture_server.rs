@@ -12,7 +12,9 @@
 //!   stateless endpoint whose `slow` tool sends an SSE event, waits 1 s, then the result; a
 //!   `hang` tool whose stream never ends (and counts when its reader goes away); 25 MB bodies
 //!   both ways; a gzip body; a body-less 202; 404 for an unknown session; a non-2xx answer;
-//!   header echo. `GET /stats` reports what it observed.
+//!   header echo. `GET /stats` reports what it observed. It reads JSON as a JavaScript server
+//!   does: a duplicated key keeps its last value, and a numeric id comes back as the number it
+//!   parsed to (`"id": 1.0` is answered with `"id": 1`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -98,7 +100,18 @@ struct Stats {
 }
 
 fn rpc_result(id: &Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
+    json!({"jsonrpc": "2.0", "id": js_id(id), "result": result})
+}
+
+/// The id as `JSON.stringify(JSON.parse(...))` writes it back: a number with an integral value
+/// loses its fraction and exponent (`1.0`, `1e0` → `1`).
+fn js_id(id: &Value) -> Value {
+    match id.as_f64() {
+        Some(f) if id.is_f64() && f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+            json!(f as i64)
+        }
+        _ => id.clone(),
+    }
 }
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {

@@ -839,14 +839,25 @@ where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    observed_with(upstream, &[], drive).await
+}
+
+/// [`observed`] with more command-line arguments for the proxy.
+async fn observed_with<F, Fut>(
+    upstream: &str,
+    extra: &[&str],
+    drive: F,
+) -> (Vec<Value>, String, String)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let dir = tempfile::tempdir().expect("tempdir");
     let sink = dir.path().join("events.jsonl");
     let ingest = format!("file:{}", sink.display());
-    let mut proxy = Proxy::start(
-        upstream,
-        &[("BOUNDED_FLUSH_MS", "20")],
-        &["--ingest", &ingest],
-    );
+    let mut args = vec!["--ingest", &ingest];
+    args.extend_from_slice(extra);
+    let mut proxy = Proxy::start(upstream, &[("BOUNDED_FLUSH_MS", "20")], &args);
     drive(proxy.url("/mcp")).await;
     assert_eq!(proxy.signal(libc::SIGTERM), 128 + libc::SIGTERM);
     let stderr = proxy.stderr.lock().expect("lock").clone();
@@ -1050,4 +1061,40 @@ async fn port_flag_and_env_choose_the_listening_port() {
     let port = free_port();
     let proxy = Proxy::start(&fx.url, &[("BOUNDED_MCP_PORT", &port.to_string())], &[]);
     assert_eq!(proxy.port, port);
+}
+
+/// Short against the fixture's answers, long enough that a call left open would be reported as
+/// a 504 while the test still runs.
+const SHORT_CALL_TIMEOUT_MS: &str = "300";
+
+/// The proxy observes what a server executes: a duplicated key keeps its last value, and a
+/// request with `"id": 1.0` is answered by the server's `"id": 1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_keys_and_equal_numeric_ids_are_read_as_the_server_reads_them() {
+    let fx = Fixture::start("raw");
+    let extra = ["--call-timeout-ms", SHORT_CALL_TIMEOUT_MS];
+    let (events, _, _) = observed_with(&fx.url, &extra, |url| async move {
+        let c = client();
+        let duplicated = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"decoy","arguments":{"amount_cents":1,"amount_cents":4900},"name":"issue_refund"}}"#;
+        let a = send(&c, Method::POST, &url, JSON_POST, duplicated).await;
+        assert_eq!(a.status, StatusCode::OK);
+        let float_id = r#"{"jsonrpc":"2.0","id":2.0,"method":"tools/call","params":{"name":"float_id","arguments":{}}}"#;
+        let a = send(&c, Method::POST, &url, JSON_POST, float_id).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert!(
+            String::from_utf8_lossy(&a.body).contains(r#""id":2,"#),
+            "the fixture answers as a JavaScript server would"
+        );
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    })
+    .await;
+    assert!(by_action(&events, "decoy").is_empty(), "{events:?}");
+    let refund = by_action(&events, "issue_refund");
+    assert_eq!(refund.len(), 1, "{events:?}");
+    assert_eq!(refund[0]["status"], 200);
+    assert_eq!(refund[0]["rec"]["fields"]["amount_cents"], 4900);
+    let float = by_action(&events, "float_id");
+    assert_eq!(float.len(), 1, "{events:?}");
+    assert_eq!(float[0]["status"], 200, "one answered call, not a 504");
+    assert_eq!(events.len(), 2, "{events:?}");
 }
