@@ -1098,3 +1098,44 @@ async fn duplicate_keys_and_equal_numeric_ids_are_read_as_the_server_reads_them(
     assert_eq!(float[0]["status"], 200, "one answered call, not a 504");
     assert_eq!(events.len(), 2, "{events:?}");
 }
+
+/// `session.id` is keyed per process: the same `Mcp-Session-Id` seen by two proxies gives two
+/// unrelated ids (no linking across sensors, no dictionary attack on low-entropy ids), and one
+/// proxy gives it one stable id. Neither the raw id nor its plain SHA-256 is ever written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_id_is_keyed_per_process_and_stable_within_one() {
+    const RAW: &str = "canary-session-5d1e";
+    let fx = Fixture::start("raw");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (events, text, _) = observed(&fx.url, |url| async move {
+            let c = client();
+            let h: Vec<(&str, &str)> = JSON_POST
+                .iter()
+                .copied()
+                .chain([("mcp-session-id", RAW)])
+                .collect();
+            for id in 1..=2 {
+                let a = send(&c, Method::POST, &url, &h, call(id, "echo")).await;
+                assert_eq!(a.status, StatusCode::OK);
+            }
+        })
+        .await;
+        assert_eq!(events.len(), 2, "{events:?}");
+        let sid = events[0]["session"]["id"].as_str().expect("session id");
+        assert_eq!(events[1]["session"]["id"], sid, "stable within a process");
+        assert_eq!(sid.len(), 16);
+        let plain = ring::digest::digest(&ring::digest::SHA256, RAW.as_bytes());
+        let plain_hex: String = plain.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert!(!text.contains(RAW), "raw session id leaked");
+        assert!(
+            !text.contains(&plain_hex[..8]),
+            "the unkeyed SHA-256 of the session id leaked"
+        );
+        ids.push(sid.to_string());
+    }
+    assert_ne!(
+        ids[0], ids[1],
+        "two processes must not link the same session"
+    );
+}

@@ -2,8 +2,8 @@
 //!
 //! Owns the bounded channel between the forwarding path and the [`Observer`], and the
 //! per-exchange state the observer needs: which correlation scope an exchange belongs to (one
-//! per `Mcp-Session-Id`, hashed; or one per POST when there is no session), the request body
-//! until it is complete, and the response body as JSON or as SSE events.
+//! per `Mcp-Session-Id`, named by a keyed hash; or one per POST when there is no session), the
+//! request body until it is complete, and the response body as JSON or as SSE events.
 //! Goes in: [`WatchMsg`]s, sent with `try_send` by the forwarding path (a full channel is a
 //! counted drop, never a wait). Comes out: `on_frame`, `on_http_failure`, `set_scope_session`,
 //! `end_scope` calls on the observer. It never touches the bytes the client or upstream see,
@@ -39,8 +39,8 @@ const MAX_EXCHANGES: usize = 4096;
 /// Sessions remembered at once (hash → scope); the oldest is forgotten past this.
 const MAX_SESSIONS: usize = 4096;
 
-/// Hex characters of the SHA-256 of `Mcp-Session-Id` that name a session in events: 64 bits,
-/// enough to tell sessions apart, too short to be mistaken for the id itself.
+/// Hex characters of the HMAC-SHA-256 of `Mcp-Session-Id` that name a session in events:
+/// 64 bits, enough to tell sessions apart, too short to be mistaken for the id itself.
 const SESSION_HASH_HEX: usize = 16;
 
 /// How long the observation task lets messages gather before reading them again. Short
@@ -156,10 +156,27 @@ pub fn channel() -> (WatchTx, mpsc::Receiver<WatchMsg>) {
     )
 }
 
-/// SHA-256 of a raw `Mcp-Session-Id`, short lower-case hex. The raw value never leaves here.
-pub fn session_hash(raw: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, raw);
-    crate::event::hex_lower(&digest.as_ref()[..SESSION_HASH_HEX / 2])
+/// Names sessions in events: HMAC-SHA-256 of the raw `Mcp-Session-Id` under a key drawn at
+/// random when the process starts and never stored or sent, short lower-case hex. Unkeyed, a
+/// low-entropy session id could be recovered by hashing guesses, and the same session would
+/// carry the same name at every sensor that saw it; keyed per process, a name means nothing
+/// outside the process that made it. The raw value never leaves here.
+pub struct SessionNamer {
+    key: ring::hmac::Key,
+}
+
+impl SessionNamer {
+    /// `None` if the system has no randomness to offer.
+    pub fn new() -> Option<SessionNamer> {
+        let rng = ring::rand::SystemRandom::new();
+        let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).ok()?;
+        Some(SessionNamer { key })
+    }
+
+    pub fn name(&self, raw: &[u8]) -> String {
+        let tag = ring::hmac::sign(&self.key, raw);
+        crate::event::hex_lower(&tag.as_ref()[..SESSION_HASH_HEX / 2])
+    }
 }
 
 /// How a response body is read for observation.
@@ -205,10 +222,29 @@ pub struct WatchTotals {
 struct Watcher<S: EventSink> {
     observer: Observer<S>,
     exchanges: BTreeMap<u64, Exchange>,
-    /// Session hash → (scope, order of first sight).
+    /// Session name → (scope, order of first sight).
     sessions: HashMap<String, (StreamId, u64)>,
     next_scope: u64,
     totals: WatchTotals,
+    /// `None`: no randomness for a key; sessions are then told apart but not named in events.
+    namer: Option<SessionNamer>,
+}
+
+impl<S: EventSink> Watcher<S> {
+    fn new(observer: Observer<S>) -> Self {
+        let namer = SessionNamer::new();
+        if namer.is_none() {
+            tracing::warn!("No randomness for a session key: events carry no session.id");
+        }
+        Watcher {
+            observer,
+            exchanges: BTreeMap::new(),
+            sessions: HashMap::new(),
+            next_scope: 1,
+            totals: WatchTotals::default(),
+            namer,
+        }
+    }
 }
 
 /// Runs until every sender is gone, then returns the observer for `finish`.
@@ -216,13 +252,7 @@ pub async fn run<S: EventSink>(
     mut rx: mpsc::Receiver<WatchMsg>,
     observer: Observer<S>,
 ) -> (Observer<S>, WatchTotals) {
-    let mut w = Watcher {
-        observer,
-        exchanges: BTreeMap::new(),
-        sessions: HashMap::new(),
-        next_scope: 1,
-        totals: WatchTotals::default(),
-    };
+    let mut w = Watcher::new(observer);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     'run: loop {
@@ -318,7 +348,14 @@ impl<S: EventSink> Watcher<S> {
     }
 
     fn scope_for_session(&mut self, raw: &HeaderValue) -> StreamId {
-        let hash = session_hash(raw.as_bytes());
+        // Without a key, a plain digest still tells sessions apart here; it never leaves.
+        let (hash, named) = match &self.namer {
+            Some(n) => (n.name(raw.as_bytes()), true),
+            None => {
+                let d = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+                (crate::event::hex_lower(d.as_ref()), false)
+            }
+        };
         if let Some((scope, _)) = self.sessions.get(&hash) {
             return *scope;
         }
@@ -338,7 +375,9 @@ impl<S: EventSink> Watcher<S> {
         let scope = StreamId(self.next_scope);
         self.next_scope += 1;
         self.sessions.insert(hash.clone(), (scope, scope.0));
-        self.observer.set_scope_session(scope, hash);
+        if named {
+            self.observer.set_scope_session(scope, hash);
+        }
         scope
     }
 
@@ -603,12 +642,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn session_hash_is_short_stable_hex_and_not_the_raw_value() {
-        let h = session_hash(b"secret-session-123");
+    fn session_name_is_short_stable_hex_keyed_per_namer() {
+        let namer = SessionNamer::new().expect("randomness");
+        let h = namer.name(b"secret-session-123");
         assert_eq!(h.len(), SESSION_HASH_HEX);
         assert!(h.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(h, session_hash(b"secret-session-123"));
-        assert_ne!(h, session_hash(b"secret-session-124"));
+        assert_eq!(h, namer.name(b"secret-session-123"));
+        assert_ne!(h, namer.name(b"secret-session-124"));
         assert!(!h.contains("secret"));
+        let other = SessionNamer::new().expect("randomness");
+        assert_ne!(
+            h,
+            other.name(b"secret-session-123"),
+            "another key, another name"
+        );
+        let plain = ring::digest::digest(&ring::digest::SHA256, b"secret-session-123");
+        assert_ne!(
+            h,
+            crate::event::hex_lower(&plain.as_ref()[..SESSION_HASH_HEX / 2])
+        );
     }
 }
