@@ -1063,9 +1063,86 @@ async fn port_flag_and_env_choose_the_listening_port() {
     assert_eq!(proxy.port, port);
 }
 
+/// The value of `name=<n>` in the `--debug` exit totals on stderr.
+fn debug_total(stderr: &str, name: &str) -> Option<u64> {
+    let key = format!(" {name}=");
+    stderr
+        .lines()
+        .filter(|l| l.contains("totals"))
+        .find_map(|l| {
+            let rest = &l[l.find(&key)? + key.len()..];
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+}
+
 /// Short against the fixture's answers, long enough that a call left open would be reported as
 /// a 504 while the test still runs.
 const SHORT_CALL_TIMEOUT_MS: &str = "300";
+
+/// Answers the proxy cannot read — no content type, another content type, compressed —
+/// succeeded for the client: their calls make no event (a 504 would be a false failure) and are
+/// counted as unobserved, with and without a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_response_is_unobserved_not_a_timeout() {
+    let fx = Fixture::start("raw");
+    let tools = ["untyped", "plain", "gzip"];
+    let extra = ["--call-timeout-ms", SHORT_CALL_TIMEOUT_MS, "--debug"];
+    let (events, _, stderr) = observed_with(&fx.url, &extra, |url| async move {
+        let c = client();
+        let in_session: Vec<(&str, &str)> = JSON_POST
+            .iter()
+            .copied()
+            .chain([("mcp-session-id", "unreadable-session")])
+            .collect();
+        let mut id = 0;
+        for headers in [JSON_POST, in_session.as_slice()] {
+            for tool in tools {
+                id += 1;
+                let a = send(&c, Method::POST, &url, headers, call(id, tool)).await;
+                assert_eq!(a.status, StatusCode::OK, "{tool}");
+            }
+        }
+        let a = send(&c, Method::POST, &url, JSON_POST, call(100, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK);
+        // Past the call timeout and the observer's once-a-second check.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    })
+    .await;
+    assert!(
+        events.iter().all(|e| e["status"] != 504),
+        "no false timeouts: {events:?}"
+    );
+    assert_eq!(events.len(), 1, "only the readable call: {events:?}");
+    assert_eq!(events[0]["rec"]["action"], "echo");
+    assert_eq!(
+        debug_total(&stderr, "unobserved"),
+        Some(2 * tools.len() as u64),
+        "{stderr}"
+    );
+}
+
+/// An answer over the observed-body cap is relayed whole and cannot be read: its call is
+/// unobserved, not a 504 when its exchange ends. (The default call timeout: relaying 33 MiB
+/// through a debug build on a shared machine takes longer than a short one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_response_is_unobserved_not_a_timeout() {
+    let fx = Fixture::start("raw");
+    let (events, _, stderr) = observed_with(&fx.url, &["--debug"], |url| async move {
+        let c = client();
+        let a = send(&c, Method::POST, &url, JSON_POST, call(1, "huge")).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert!(a.body.len() > 33 * 1024 * 1024);
+        let a = send(&c, Method::POST, &url, JSON_POST, call(2, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK);
+    })
+    .await;
+    assert!(by_action(&events, "huge").is_empty(), "{events:?}");
+    assert_eq!(by_action(&events, "echo").len(), 1, "{events:?}");
+    assert_eq!(debug_total(&stderr, "unobserved"), Some(1), "{stderr}");
+}
 
 /// The proxy observes what a server executes: a duplicated key keeps its last value, and a
 /// request with `"id": 1.0` is answered by the server's `"id": 1`.

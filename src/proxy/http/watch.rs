@@ -5,9 +5,17 @@
 //! per `Mcp-Session-Id`, named by a keyed hash; or one per POST when there is no session), the
 //! request body until it is complete, and the response body as JSON or as SSE events.
 //! Goes in: [`WatchMsg`]s, sent with `try_send` by the forwarding path (a full channel is a
-//! counted drop, never a wait). Comes out: `on_frame`, `on_http_failure`, `set_scope_session`,
-//! `end_scope` calls on the observer. It never touches the bytes the client or upstream see,
-//! never holds a raw session id past hashing it, and bounds every buffer it keeps.
+//! counted drop, never a wait). Comes out: `on_request_body`, `on_frame`, `on_http_failure`,
+//! `end_unobserved`, `set_scope_session`, `end_scope` calls on the observer. It never touches
+//! the bytes the client or upstream see, never holds a raw session id past hashing it, and
+//! bounds every buffer it keeps.
+//!
+//! An answer it cannot read is never reported as a failure (DESIGN §2 invariant 10): when a 2xx
+//! response to a POST has no or another content type, is compressed, outgrows
+//! [`MAX_OBSERVED_BODY`], or lost messages on the channel, the calls of that POST still waiting
+//! when the exchange ends make no event and count as unobserved (`--debug` totals), as in stdio.
+//! A drop anywhere on the channel marks every exchange open at that moment, since the watcher
+//! cannot tell whose message was lost.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +28,7 @@ use tokio::sync::mpsc;
 
 use super::sse::SseParser;
 use crate::event::EventSink;
+use crate::observe::peek::RpcId;
 use crate::observe::{EndCause, Observer, StreamId};
 use crate::tap::Direction;
 
@@ -145,14 +154,22 @@ impl WatchTx {
     }
 }
 
-pub fn channel() -> (WatchTx, mpsc::Receiver<WatchMsg>) {
+/// The observation task's end of the channel; sees the drop counter, so it knows when a
+/// message it was owed never came.
+pub struct WatchRx {
+    rx: mpsc::Receiver<WatchMsg>,
+    stats: Arc<WatchStats>,
+}
+
+pub fn channel() -> (WatchTx, WatchRx) {
     let (tx, rx) = mpsc::channel(WATCH_CAPACITY);
+    let stats = Arc::new(WatchStats::default());
     (
         WatchTx {
             tx,
-            stats: Arc::new(WatchStats::default()),
+            stats: stats.clone(),
         },
-        rx,
+        WatchRx { rx, stats },
     )
 }
 
@@ -208,6 +225,11 @@ struct Exchange {
     /// observer always sees a request before its response.
     pending: Vec<(Instant, Vec<u8>)>,
     pending_bytes: usize,
+    /// The ids of the `tools/call` requests the request body started.
+    calls: Vec<RpcId>,
+    /// Some of the answer cannot be read (see the module docs): calls still waiting when the
+    /// exchange ends are unobserved, not failed.
+    answers_lost: bool,
 }
 
 /// Counters for `--debug`.
@@ -228,10 +250,13 @@ struct Watcher<S: EventSink> {
     totals: WatchTotals,
     /// `None`: no randomness for a key; sessions are then told apart but not named in events.
     namer: Option<SessionNamer>,
+    /// The channel's counters, and how many drops have been accounted for.
+    stats: Arc<WatchStats>,
+    drops_seen: u64,
 }
 
 impl<S: EventSink> Watcher<S> {
-    fn new(observer: Observer<S>) -> Self {
+    fn new(observer: Observer<S>, stats: Arc<WatchStats>) -> Self {
         let namer = SessionNamer::new();
         if namer.is_none() {
             tracing::warn!("No randomness for a session key: events carry no session.id");
@@ -243,16 +268,33 @@ impl<S: EventSink> Watcher<S> {
             next_scope: 1,
             totals: WatchTotals::default(),
             namer,
+            stats,
+            drops_seen: 0,
         }
+    }
+
+    /// Before each message and each timeout check: if the channel dropped messages since the
+    /// last look, any exchange open now may have lost some (its answer, its end), and so may
+    /// any call the observer holds. A drop is counted before the next message of its sender is
+    /// sent, so the message that would have completed a truncated answer never comes first.
+    fn account_drops(&mut self) {
+        let dropped = self.stats.dropped.load(Ordering::Relaxed);
+        if dropped == self.drops_seen {
+            return;
+        }
+        self.drops_seen = dropped;
+        for x in self.exchanges.values_mut() {
+            x.answers_lost = true;
+        }
+        self.observer
+            .on_gap(Direction::ServerToClient, Instant::now());
     }
 }
 
 /// Runs until every sender is gone, then returns the observer for `finish`.
-pub async fn run<S: EventSink>(
-    mut rx: mpsc::Receiver<WatchMsg>,
-    observer: Observer<S>,
-) -> (Observer<S>, WatchTotals) {
-    let mut w = Watcher::new(observer);
+pub async fn run<S: EventSink>(rx: WatchRx, observer: Observer<S>) -> (Observer<S>, WatchTotals) {
+    let WatchRx { mut rx, stats } = rx;
+    let mut w = Watcher::new(observer, stats);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     'run: loop {
@@ -261,7 +303,10 @@ pub async fn run<S: EventSink>(
                 Some(m) => w.handle(m),
                 None => break,
             },
-            _ = tick.tick() => w.observer.on_tick(Instant::now()),
+            _ = tick.tick() => {
+                w.account_drops();
+                w.observer.on_tick(Instant::now());
+            }
         }
         // Drain what queued meanwhile, then pause briefly without waiting on the channel:
         // messages sent during the pause wake no one, so the relay pays for about one
@@ -275,6 +320,7 @@ pub async fn run<S: EventSink>(
         }
         tokio::time::sleep(BATCH_WINDOW).await;
     }
+    w.account_drops();
     // Whatever is still open ended with the process.
     let now = Instant::now();
     let open: Vec<u64> = w.exchanges.keys().copied().collect();
@@ -290,11 +336,14 @@ fn is_2xx(status: u16) -> bool {
 
 impl<S: EventSink> Watcher<S> {
     fn handle(&mut self, msg: WatchMsg) {
+        self.account_drops();
         match msg {
             WatchMsg::Request { ex, kind, session } => {
                 self.totals.exchanges += 1;
                 if self.exchanges.len() >= MAX_EXCHANGES {
-                    if let Some((&old, _)) = self.exchanges.iter().next() {
+                    if let Some((&old, x)) = self.exchanges.iter_mut().next() {
+                        // No longer watched: whatever answer it gets goes unseen.
+                        x.answers_lost = true;
                         self.totals.evicted += 1;
                         self.finish_exchange(old, Instant::now(), EndCause::SessionEnd);
                     }
@@ -314,6 +363,8 @@ impl<S: EventSink> Watcher<S> {
                         resp: None,
                         pending: Vec::new(),
                         pending_bytes: 0,
+                        calls: Vec::new(),
+                        answers_lost: false,
                     },
                 );
             }
@@ -452,13 +503,13 @@ impl<S: EventSink> Watcher<S> {
         } else {
             RespBody::Ignored
         };
-        let unreadable = compressed && (sse || json);
+        let readable = matches!(body, RespBody::Json { .. } | RespBody::Sse(_));
         let Some(x) = self.exchanges.get_mut(&ex) else {
             return;
         };
-        if unreadable {
-            // Its answers cannot be read: reporting its calls would invent timeouts.
-            x.req_usable = false;
+        if !readable && is_2xx(status) && x.kind == ReqKind::Post {
+            // The calls succeeded as far as anyone can tell; their answers cannot be read.
+            x.answers_lost = true;
         }
         x.status = Some(status);
         x.resp = Some(body);
@@ -497,10 +548,13 @@ impl<S: EventSink> Watcher<S> {
         let pending = std::mem::take(&mut x.pending);
         x.pending_bytes = 0;
         let status = x.status;
+        let kind = x.kind;
         if usable {
-            self.observer
-                .on_frame(scope, Direction::ClientToServer, seen, &req);
-        } else if x.kind == ReqKind::Post {
+            let calls = self.observer.on_request_body(scope, seen, &req);
+            if let Some(x) = self.exchanges.get_mut(&ex) {
+                x.calls = calls;
+            }
+        } else if kind == ReqKind::Post {
             self.totals.unparsed_bodies += 1;
         }
         for (t, frame) in pending {
@@ -533,7 +587,12 @@ impl<S: EventSink> Watcher<S> {
             Direction::ServerToClient => {
                 let mut frames: Vec<Vec<u8>> = Vec::new();
                 match &mut x.resp {
-                    None | Some(RespBody::Ignored) => return,
+                    None => {
+                        // A body without a head: the head was dropped.
+                        x.answers_lost = true;
+                        return;
+                    }
+                    Some(RespBody::Ignored) => return,
                     Some(RespBody::Json { buf, usable }) => {
                         if !*usable {
                             return;
@@ -541,6 +600,7 @@ impl<S: EventSink> Watcher<S> {
                         if gap || buf.len() + bytes.len() > MAX_OBSERVED_BODY {
                             *usable = false;
                             *buf = Vec::new();
+                            x.answers_lost = true;
                         } else {
                             buf.extend_from_slice(bytes);
                         }
@@ -549,6 +609,7 @@ impl<S: EventSink> Watcher<S> {
                     Some(RespBody::Sse(p)) => {
                         if gap {
                             p.lost_bytes();
+                            x.answers_lost = true;
                         }
                         p.feed(bytes, &mut |data| frames.push(data.to_vec()));
                     }
@@ -597,6 +658,10 @@ impl<S: EventSink> Watcher<S> {
                 }
             }
             Direction::ServerToClient => {
+                if x.resp.is_none() && how != BodyEnd::ReaderGone {
+                    // A body ended whose head never came: the head was dropped.
+                    x.answers_lost = true;
+                }
                 if let Some(RespBody::Json { buf, usable }) = x.resp.take() {
                     if usable && complete && !buf.is_empty() {
                         self.s2c_frame(ex, seen, buf);
@@ -631,6 +696,9 @@ impl<S: EventSink> Watcher<S> {
         let Some(x) = self.exchanges.remove(&ex) else {
             return;
         };
+        if let (Some(scope), true) = (x.scope, x.answers_lost) {
+            self.observer.end_unobserved(scope, &x.calls);
+        }
         if let (Some(scope), true) = (x.scope, x.own_scope) {
             self.observer.end_scope(scope, seen, cause);
         }
@@ -640,6 +708,8 @@ impl<S: EventSink> Watcher<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::Event;
+    use crate::observe::{ObserverConfig, ObserverStats, Transport};
 
     #[test]
     fn session_name_is_short_stable_hex_keyed_per_namer() {
@@ -661,5 +731,159 @@ mod tests {
             h,
             crate::event::hex_lower(&plain.as_ref()[..SESSION_HASH_HEX / 2])
         );
+    }
+
+    const CALL: &[u8] =
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#;
+    const ANSWER: &[u8] = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#;
+
+    fn watcher() -> Watcher<Vec<Event>> {
+        let cfg = ObserverConfig {
+            transport: Transport::Http {
+                host: "127.0.0.1:9".into(),
+            },
+            server_name: None,
+            actor: "mcp:k1".into(),
+            on_behalf_of: None,
+            capture: vec![],
+            call_timeout: Duration::from_secs(30),
+        };
+        Watcher::new(Observer::new(cfg, Vec::new()), Arc::default())
+    }
+
+    fn chunk(dir: Direction, bytes: &'static [u8], after_gap: bool) -> WatchMsg {
+        WatchMsg::Chunk {
+            ex: 1,
+            dir,
+            seen: Instant::now(),
+            bytes: Bytes::from_static(bytes),
+            after_gap,
+        }
+    }
+
+    fn end(dir: Direction) -> WatchMsg {
+        WatchMsg::End {
+            ex: 1,
+            dir,
+            seen: Instant::now(),
+            how: BodyEnd::Complete,
+        }
+    }
+
+    /// One POST carrying [`CALL`], answered 200 with `content_type`; `answer` are the response
+    /// body's messages as the watcher gets them.
+    fn exchange(content_type: &'static str, answer: Vec<WatchMsg>) -> (ObserverStats, Vec<Event>) {
+        let mut w = watcher();
+        w.handle(WatchMsg::Request {
+            ex: 1,
+            kind: ReqKind::Post,
+            session: None,
+        });
+        w.handle(chunk(Direction::ClientToServer, CALL, false));
+        w.handle(end(Direction::ClientToServer));
+        w.handle(WatchMsg::Response {
+            ex: 1,
+            status: 200,
+            session: None,
+            content_type: Some(HeaderValue::from_static(content_type)),
+            content_encoding: None,
+            seen: Instant::now(),
+        });
+        for m in answer {
+            w.handle(m);
+        }
+        w.handle(end(Direction::ServerToClient));
+        w.observer.finish(Instant::now(), EndCause::SessionEnd)
+    }
+
+    #[test]
+    fn a_read_answer_is_reported() {
+        let s2c = Direction::ServerToClient;
+        let (stats, events) = exchange("application/json", vec![chunk(s2c, ANSWER, false)]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].status, 200);
+        assert_eq!(stats.unobserved, 0);
+    }
+
+    /// A chunk of the answer was dropped (full channel): the call succeeded for the client, so
+    /// it makes no event rather than a false 504, and is counted as unobserved.
+    #[test]
+    fn dropped_chunk_makes_the_call_unobserved_not_a_timeout() {
+        let s2c = Direction::ServerToClient;
+        let (head, tail) = ANSWER.split_at(20);
+        let (_, tail) = tail.split_at(5);
+        for ct in ["application/json", "text/event-stream"] {
+            let (head, tail): (&'static [u8], &'static [u8]) = if ct == "application/json" {
+                (head, tail)
+            } else {
+                (b"event: message\ndata: ", b"\n\n")
+            };
+            let (stats, events) =
+                exchange(ct, vec![chunk(s2c, head, false), chunk(s2c, tail, true)]);
+            assert!(events.is_empty(), "{ct}: {events:?}");
+            assert_eq!(stats.unobserved, 1, "{ct}");
+        }
+    }
+
+    /// The last chunk of an answer was dropped: no later chunk carries the gap, but the
+    /// channel's drop counter, bumped before the end was sent, does.
+    #[test]
+    fn dropped_last_chunk_is_known_from_the_drop_counter() {
+        let mut w = watcher();
+        w.handle(WatchMsg::Request {
+            ex: 1,
+            kind: ReqKind::Post,
+            session: Some(HeaderValue::from_static("s-1")),
+        });
+        w.handle(chunk(Direction::ClientToServer, CALL, false));
+        w.handle(end(Direction::ClientToServer));
+        w.handle(WatchMsg::Response {
+            ex: 1,
+            status: 200,
+            session: None,
+            content_type: Some(HeaderValue::from_static("application/json")),
+            content_encoding: None,
+            seen: Instant::now(),
+        });
+        w.handle(chunk(Direction::ServerToClient, &ANSWER[..20], false));
+        w.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        w.handle(end(Direction::ServerToClient));
+        let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(stats.unobserved, 1);
+    }
+
+    /// A call whose exchange end was dropped stays open in its session until the call timeout:
+    /// then too it is unobserved, not a 504.
+    #[test]
+    fn call_open_across_a_drop_times_out_unobserved() {
+        let mut w = watcher();
+        w.handle(WatchMsg::Request {
+            ex: 1,
+            kind: ReqKind::Post,
+            session: Some(HeaderValue::from_static("s-1")),
+        });
+        w.handle(chunk(Direction::ClientToServer, CALL, false));
+        w.handle(end(Direction::ClientToServer));
+        w.handle(WatchMsg::Response {
+            ex: 1,
+            status: 200,
+            session: None,
+            content_type: Some(HeaderValue::from_static("application/json")),
+            content_encoding: None,
+            seen: Instant::now(),
+        });
+        // The body's chunks and its end were all dropped; the next message is another POST's.
+        w.stats.dropped.fetch_add(2, Ordering::Relaxed);
+        w.handle(WatchMsg::Request {
+            ex: 2,
+            kind: ReqKind::Post,
+            session: None,
+        });
+        w.observer.on_tick(Instant::now() + Duration::from_secs(31));
+        assert_eq!(w.observer.open_actions(), 0);
+        let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(stats.unobserved, 1);
     }
 }
