@@ -10,12 +10,14 @@
 //! * `rmcp-json` — the same server without sessions, answering with `application/json`.
 //! * `raw` — a hand-written server for what an SDK will not do on demand: a 2026-07-28-style
 //!   stateless endpoint whose `slow` tool sends an SSE event, waits 1 s, then the result; a
-//!   `hang` tool whose stream never ends (and counts when its reader goes away); 25 MB bodies
-//!   both ways; a gzip body; a body-less 202; 404 for an unknown session; a non-2xx answer;
-//!   answers the proxy cannot read (no content type, `text/plain`, over its 32 MiB cap);
-//!   header echo. `GET /stats` reports what it observed. It reads JSON as a JavaScript server
-//!   does: a duplicated key keeps its last value, and a numeric id comes back as the number it
-//!   parsed to (`"id": 1.0` is answered with `"id": 1`).
+//!   `delay` tool that answers in JSON after `arguments.ms` (default 1000); a `hang` tool whose
+//!   stream never ends (and counts when its reader goes away); a GET stream on `/mcp` that
+//!   never ends either (counted the same way); 25 MB bodies both ways; a gzip body; a
+//!   body-less 202; 404 for an unknown session; a non-2xx answer; answers the proxy cannot read
+//!   (no content type, `text/plain`, over its 32 MiB cap); header echo. `GET /stats` reports
+//!   what it observed. It reads JSON as a JavaScript server does: a duplicated key keeps its
+//!   last value, and a numeric id comes back as the number it parsed to (`"id": 1.0` is
+//!   answered with `"id": 1`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,6 +48,9 @@ const HUGE: usize = 33 * 1024 * 1024;
 
 /// The pause between the first SSE event and the result in the `slow` tool.
 const SLOW_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long the `delay` tool waits when the call does not say (`arguments.ms`).
+const DEFAULT_DELAY_MS: u64 = 1000;
 
 /// `{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"compressed"}]}}`,
 /// gzip-compressed: relayed as is, never decoded by the proxy.
@@ -95,11 +100,11 @@ impl ServerHandler for Fixture {
 
 #[derive(Default)]
 struct Stats {
-    /// `hang` streams whose reader went away.
+    /// `hang` and GET streams whose reader went away.
     closed_streams: AtomicU64,
     /// `/slow-upload` bodies that ended in an error (the sender went away mid-body).
     aborted_uploads: AtomicU64,
-    /// Requests that reached the `raw` endpoint.
+    /// Requests that reached the `raw` endpoint (POST and GET `/mcp`).
     requests: AtomicU64,
 }
 
@@ -254,6 +259,22 @@ async fn raw_mcp(State(stats): State<Arc<Stats>>, headers: HeaderMap, body: Byte
                 }
                 "untyped" => typed_response(None, &id),
                 "plain" => typed_response(Some("text/plain"), &id),
+                "delay" => {
+                    let ms = msg
+                        .pointer("/params/arguments/ms")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(DEFAULT_DELAY_MS);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    json_response(
+                        StatusCode::OK,
+                        rpc_result(
+                            &id,
+                            json!({"content": [{"type": "text", "text": format!("delayed {ms} ms")}]}),
+                        )
+                        .to_string()
+                        .into_bytes(),
+                    )
+                }
                 "gzip" => raw_gzip_response(),
                 "fail" => json_response(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -272,6 +293,24 @@ async fn raw_mcp(State(stats): State<Arc<Stats>>, headers: HeaderMap, body: Byte
             rpc_result(&id, json!({})).to_string().into_bytes(),
         ),
     }
+}
+
+/// The server→client stream of a session: one event, then open until the reader goes away.
+async fn raw_stream(State(stats): State<Arc<Stats>>) -> Response {
+    stats.requests.fetch_add(1, Ordering::SeqCst);
+    let guard = DropCounter(stats.clone());
+    let first = sse_event(&json!({
+        "jsonrpc": "2.0", "method": "notifications/message",
+        "params": {"level": "info", "data": "stream open"}
+    }));
+    let stream = futures_util::stream::iter([Ok::<_, std::io::Error>(first)]).chain(
+        futures_util::stream::once(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+            Ok(Bytes::new())
+        }),
+    );
+    sse_response(Body::from_stream(stream))
 }
 
 /// Echoes the request's headers as JSON and answers with end-to-end and hop-by-hop headers of
@@ -371,7 +410,7 @@ async fn raw_stats(State(stats): State<Arc<Stats>>) -> Response {
 fn raw_router() -> Router {
     let stats = Arc::new(Stats::default());
     Router::new()
-        .route("/mcp", post(raw_mcp))
+        .route("/mcp", post(raw_mcp).get(raw_stream))
         .route("/headers", any(raw_headers))
         .route(
             "/upload",

@@ -55,6 +55,14 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
 
+    /// A browser origin (`scheme://host[:port]`) that may use the --http listener besides loopback origins and the upstream's own (repeatable) [env: BOUNDED_ALLOW_ORIGINS=a,b]
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origin: Vec<String>,
+
+    /// On SIGINT/SIGTERM in --http mode, how long calls in flight may take to finish, in milliseconds, before they are cut [env: BOUNDED_DRAIN_MS] [default: 5000]
+    #[arg(long, value_name = "MS")]
+    pub drain_ms: Option<u64>,
+
     /// Batch flush interval in milliseconds [env: BOUNDED_FLUSH_MS] [default: 2000]
     #[arg(long, value_name = "MS")]
     pub flush_ms: Option<u64>,
@@ -165,6 +173,29 @@ mod tests {
         let cli =
             parse_argv(os(&["w", "--capture", "a", "--capture", "b", "--", "s"])).expect("ok");
         assert_eq!(cli.args.capture, vec!["a".to_string(), "b".to_string()]);
+    }
+
+    #[test]
+    fn allow_origin_is_repeatable() {
+        let cli = parse_argv(os(&[
+            "w",
+            "--http",
+            "--allow-origin",
+            "https://a.example",
+            "--allow-origin",
+            "https://b.example",
+            "--drain-ms",
+            "300",
+        ]))
+        .expect("ok");
+        assert_eq!(
+            cli.args.allow_origin,
+            vec![
+                "https://a.example".to_string(),
+                "https://b.example".to_string()
+            ]
+        );
+        assert_eq!(cli.args.drain_ms, Some(300));
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! becomes a [`ConfigWarning`] that the caller prints once, and the affected feature is switched
 //! off. Only a missing server command (stdio) or upstream (HTTP) is a hard error, because then
 //! there is nothing to run. It never reads `std::env`: the environment is passed in.
+//!
+//! Every variable of ours starts with [`ENV_PREFIX`], and that prefix is what keeps them from the
+//! wrapped server (invariant 9: see [`is_sensor_env`]).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -12,10 +15,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::ObserveArgs;
+use crate::event::filter::{check_actor_id, FilterError};
+use crate::log::redact_url;
+use crate::proxy::http::admit::Origin;
 use crate::token::SensorToken;
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
 pub type Env = HashMap<String, String>;
+
+/// The prefix of every variable the wrapper reads. No variable with this prefix reaches the
+/// wrapped server, known to this build or not: a newer `mcp.json` may carry variables an older
+/// wrapper does not read, and they are just as much ours (a token, an ingest address).
+pub const ENV_PREFIX: &str = "BOUNDED_";
 
 pub const ENV_TOKEN: &str = "BOUNDED_SENSOR_TOKEN";
 pub const ENV_ORG: &str = "BOUNDED_ORG";
@@ -31,6 +42,8 @@ pub const ENV_FLUSH_MS: &str = "BOUNDED_FLUSH_MS";
 pub const ENV_CALL_TIMEOUT_MS: &str = "BOUNDED_CALL_TIMEOUT_MS";
 pub const ENV_SHUTDOWN_FLUSH_MS: &str = "BOUNDED_SHUTDOWN_FLUSH_MS";
 pub const ENV_DEBUG: &str = "BOUNDED_DEBUG";
+pub const ENV_ALLOW_ORIGINS: &str = "BOUNDED_ALLOW_ORIGINS";
+pub const ENV_DRAIN_MS: &str = "BOUNDED_DRAIN_MS";
 /// The kill switch (invariant 7).
 pub const ENV_DISABLED: &str = "BOUNDED_OBSERVE_MCP_DISABLED";
 
@@ -50,6 +63,8 @@ pub const ALL_ENV: &[&str] = &[
     ENV_CALL_TIMEOUT_MS,
     ENV_SHUTDOWN_FLUSH_MS,
     ENV_DEBUG,
+    ENV_ALLOW_ORIGINS,
+    ENV_DRAIN_MS,
     ENV_DISABLED,
 ];
 
@@ -62,6 +77,11 @@ pub const DEFAULT_FLUSH: Duration = Duration::from_millis(2000);
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a dead ingest may delay the wrapper's exit (issue: reporter shutdown ≤ 2 s).
 pub const DEFAULT_SHUTDOWN_FLUSH: Duration = Duration::from_millis(2000);
+/// Actor when neither `--actor` nor a token's keyId is known (events then go to a `file:` sink).
+pub const DEFAULT_ACTOR_NO_TOKEN: &str = "mcp:unknown";
+/// How long an HTTP call in flight at SIGTERM may take to finish: longer than most tool calls,
+/// short enough for a supervisor's stop timeout (systemd and Kubernetes wait 90 s and 30 s).
+pub const DEFAULT_DRAIN: Duration = Duration::from_millis(5000);
 /// Fallback server name when neither `--name` nor `serverInfo.name` is known.
 pub const DEFAULT_SERVER_NAME: &str = "mcp";
 
@@ -109,6 +129,10 @@ pub struct Config {
     pub flush: Duration,
     pub call_timeout: Duration,
     pub shutdown_flush: Duration,
+    /// HTTP mode: how long exchanges in flight at a signal may take to finish.
+    pub drain: Duration,
+    /// HTTP mode: browser origins admitted besides loopback and the upstream's own.
+    pub allow_origins: Vec<Origin>,
     pub debug: bool,
 }
 
@@ -123,8 +147,14 @@ pub enum ConfigWarning {
         origin: &'static str,
         err: crate::token::TokenError,
     },
+    /// `value` is already redacted ([`redact_url`]): a warning never carries a URL's secrets.
     #[error("ingest {value:?} from {origin} is not http(s)://… or file:PATH: events will not be reported")]
     BadIngest { origin: &'static str, value: String },
+    /// A plain `http://` ingest off loopback: the token (and the events) cross the network
+    /// unencrypted. Not refused, since a trusted network or a TLS-terminating sidecar may make it
+    /// fine, but said once. `ingest` is redacted.
+    #[error("ingest {ingest} is plain http:// and not on this machine: the sensor token and events are sent in clear text; use https://")]
+    ClearTextIngest { ingest: String },
     #[error("{name} value {value:?} is not a whole number of milliseconds: using the default {default_ms}")]
     BadNumber {
         name: &'static str,
@@ -135,6 +165,19 @@ pub enum ConfigWarning {
     BadCapture { value: String },
     #[error("{ENV_PORT} value {value:?} is not a port number: using an ephemeral port")]
     BadPort { value: String },
+    /// The actor would fail the L3 filter on every event ([`check_actor_id`]), so every event
+    /// would be dropped. The value is not echoed: it may hold control characters. `reason` is the
+    /// filter's, e.g. `actor.id: too long`.
+    #[error("actor from {origin} would be rejected by the event filter ({reason}): using the default {default}")]
+    BadActor {
+        origin: &'static str,
+        reason: String,
+        default: String,
+    },
+    #[error(
+        "allowed origin {value:?} is not scheme://host[:port] (e.g. https://app.example): ignored"
+    )]
+    BadOrigin { value: String },
 }
 
 /// A misconfiguration that leaves nothing to run. Exit code 2.
@@ -147,10 +190,44 @@ pub enum ConfigError {
         "--http needs --upstream URL (or {ENV_UPSTREAM}), e.g. --upstream https://example.com/mcp"
     )]
     MissingUpstream,
+    /// Holds the redacted URL ([`redact_url`]).
     #[error("upstream {0:?} must be an http:// or https:// URL")]
     BadUpstream(String),
     #[error("a server command after `--` is not used with --http; drop one of them")]
     CommandWithHttp,
+}
+
+/// Whether a variable of the process environment is ours and so must be removed from the wrapped
+/// server's (invariant 9). Case-sensitive, as Unix variable names are: `bounded_x` is not ours
+/// and passes, like `OTEL_*` and everything else.
+pub fn is_sensor_env(name: &std::ffi::OsStr) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    name.as_bytes().starts_with(ENV_PREFIX.as_bytes())
+}
+
+/// The one host name taken as loopback without resolving it (RFC 6761 reserves it).
+const LOCALHOST: &str = "localhost";
+
+/// Whether an ingest base sends the token in clear text to another machine: `http://` with a
+/// host other than 127.0.0.0/8, `::1` or `localhost`. The host is read as the HTTP client will
+/// read it (WHATWG URL parsing: `127.1` is 127.0.0.1), so the check and the connection agree.
+/// A base that does not parse is not called clear text here; the sink reports it when it fails.
+fn is_clear_text_off_loopback(base: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(base) else {
+        return false;
+    };
+    if url.scheme() != "http" {
+        return false;
+    }
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    // The parser has already normalised an IP host (`127.1` → `127.0.0.1`, `[::1]`).
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => !ip.is_loopback(),
+        Err(_) => !host.trim_end_matches('.').eq_ignore_ascii_case(LOCALHOST),
+    }
 }
 
 fn truthy(v: &str) -> bool {
@@ -189,7 +266,7 @@ impl Config {
             let (upstream, _) =
                 pick(&args.upstream, ENV_UPSTREAM).ok_or(ConfigError::MissingUpstream)?;
             if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
-                return Err(ConfigError::BadUpstream(upstream));
+                return Err(ConfigError::BadUpstream(redact_url(&upstream)));
             }
             let port = match args.port {
                 Some(p) => p,
@@ -247,7 +324,7 @@ impl Config {
                     if path.is_empty() {
                         warnings.push(ConfigWarning::BadIngest {
                             origin: source,
-                            value: v.clone(),
+                            value: redact_url(&v),
                         });
                         IngestTarget::Off
                     } else {
@@ -258,7 +335,7 @@ impl Config {
                 } else {
                     warnings.push(ConfigWarning::BadIngest {
                         origin: source,
-                        value: v.clone(),
+                        value: redact_url(&v),
                     });
                     IngestTarget::Off
                 }
@@ -271,6 +348,15 @@ impl Config {
         };
         if matches!(ingest, IngestTarget::File(_)) {
             warnings.retain(|w| *w != ConfigWarning::NoToken);
+        }
+        // Only when the token would really be sent: a disabled sensor or one without a usable
+        // token (target `Off` above) opens no connection to the ingest.
+        if let IngestTarget::Http(base) = &ingest {
+            if !disabled && is_clear_text_off_loopback(base) {
+                warnings.push(ConfigWarning::ClearTextIngest {
+                    ingest: redact_url(base),
+                });
+            }
         }
 
         let mut capture = Vec::new();
@@ -314,6 +400,7 @@ impl Config {
         };
         let flush =
             millis(args.flush_ms, ENV_FLUSH_MS, DEFAULT_FLUSH).max(Duration::from_millis(1));
+        let drain = millis(args.drain_ms, ENV_DRAIN_MS, DEFAULT_DRAIN);
         let call_timeout = millis(
             args.call_timeout_ms,
             ENV_CALL_TIMEOUT_MS,
@@ -325,11 +412,48 @@ impl Config {
             DEFAULT_SHUTDOWN_FLUSH,
         );
 
+        // As for --capture: the flags, when given, replace the env list.
+        let raw_origins: Vec<String> = if args.allow_origin.is_empty() {
+            env.get(ENV_ALLOW_ORIGINS)
+                .map(|v| v.split(',').map(str::trim).map(String::from).collect())
+                .unwrap_or_default()
+        } else {
+            args.allow_origin
+                .iter()
+                .map(|o| o.trim().to_string())
+                .collect()
+        };
+        let mut allow_origins = Vec::new();
+        for value in raw_origins.into_iter().filter(|o| !o.is_empty()) {
+            match Origin::parse(&value) {
+                Some(o) if !allow_origins.contains(&o) => allow_origins.push(o),
+                Some(_) => {}
+                None => warnings.push(ConfigWarning::BadOrigin { value }),
+            }
+        }
+
+        let default_actor = match &token {
+            Some(t) => format!("mcp:{}", t.key_id()),
+            None => DEFAULT_ACTOR_NO_TOKEN.to_string(),
+        };
+        // Checked with the filter's own rule: an actor it rejects would silently drop every
+        // event, so the default is used instead, with one warning.
         let actor = match pick(&args.actor, ENV_ACTOR) {
-            Some((a, _)) => a,
-            None => match &token {
-                Some(t) => format!("mcp:{}", t.key_id()),
-                None => "mcp:unknown".to_string(),
+            None => default_actor,
+            Some((a, source)) => match check_actor_id(&a) {
+                Ok(()) => a,
+                Err(FilterError::Invalid(reason)) => {
+                    warnings.push(ConfigWarning::BadActor {
+                        origin: if source == "flag" {
+                            "--actor"
+                        } else {
+                            ENV_ACTOR
+                        },
+                        reason,
+                        default: default_actor.clone(),
+                    });
+                    default_actor
+                }
             },
         };
 
@@ -346,6 +470,8 @@ impl Config {
             flush,
             call_timeout,
             shutdown_flush,
+            drain,
+            allow_origins,
             debug,
         };
         Ok((config, warnings))
@@ -451,9 +577,209 @@ mod tests {
     }
 
     #[test]
+    fn allow_origins_flag_wins_and_malformed_ones_warn() {
+        let http = ["w", "--http", "--upstream", "http://127.0.0.1:9/mcp"];
+        let env = [
+            (ENV_ALLOW_ORIGINS, "https://env.example, null,"),
+            (ENV_TOKEN, "obs1.k.s"),
+        ];
+        let (c, w) = resolve(&http, &env).expect("ok");
+        assert_eq!(
+            c.allow_origins,
+            vec![Origin::parse("https://env.example").expect("ok")]
+        );
+        assert_eq!(
+            w,
+            vec![ConfigWarning::BadOrigin {
+                value: "null".into()
+            }]
+        );
+        let mut argv = http.to_vec();
+        argv.extend([
+            "--allow-origin",
+            "https://flag.example/",
+            "--allow-origin",
+            "*",
+        ]);
+        let (c, w) = resolve(&argv, &env).expect("ok");
+        assert_eq!(
+            c.allow_origins,
+            vec![Origin::parse("https://flag.example").expect("ok")]
+        );
+        assert_eq!(w, vec![ConfigWarning::BadOrigin { value: "*".into() }]);
+    }
+
+    #[test]
+    fn drain_defaults_to_5_s_and_flag_wins() {
+        let http = ["w", "--http", "--upstream", "http://127.0.0.1:9/mcp"];
+        let (c, _) = resolve(&http, &[]).expect("ok");
+        assert_eq!(c.drain, DEFAULT_DRAIN);
+        let (c, _) = resolve(&http, &[(ENV_DRAIN_MS, "250")]).expect("ok");
+        assert_eq!(c.drain, Duration::from_millis(250));
+        let mut argv = http.to_vec();
+        argv.extend(["--drain-ms", "0"]);
+        let (c, _) = resolve(&argv, &[(ENV_DRAIN_MS, "250")]).expect("ok");
+        assert_eq!(c.drain, Duration::ZERO);
+    }
+
+    #[test]
     fn kill_switch_is_read_from_env() {
         let (c, w) = resolve(&["w", "--", "s"], &[(ENV_DISABLED, "1")]).expect("ok");
         assert!(c.disabled);
         assert!(w.is_empty(), "no token warning when disabled: {w:?}");
+    }
+
+    #[test]
+    fn invalid_actor_warns_once_and_the_default_actor_is_used() {
+        let long = "a".repeat(crate::event::filter::MAX_TEXT_LEN + 1);
+        for (argv, env, origin) in [
+            (
+                vec![
+                    "w",
+                    "--token",
+                    "obs1.k1.sig",
+                    "--actor",
+                    "agent\tseven",
+                    "--",
+                    "s",
+                ],
+                vec![],
+                "--actor",
+            ),
+            (
+                vec!["w", "--token", "obs1.k1.sig", "--", "s"],
+                vec![(ENV_ACTOR, long.as_str())],
+                ENV_ACTOR,
+            ),
+        ] {
+            let (c, w) = resolve(&argv, &env).expect("still runs");
+            assert_eq!(c.actor, "mcp:k1", "the default actor replaces the bad one");
+            assert_eq!(w.len(), 1, "{w:?}");
+            let msg = w[0].to_string();
+            assert!(msg.contains(origin) && msg.contains("mcp:k1"), "{msg}");
+            assert!(
+                !msg.contains('\t') && !msg.contains(&long),
+                "not echoed: {msg}"
+            );
+        }
+        // Without a token the default is the no-token actor, and events still reach a file.
+        let (c, w) = resolve(
+            &["w", "--ingest", "file:/tmp/x", "--actor", "a\nb", "--", "s"],
+            &[],
+        )
+        .expect("ok");
+        assert_eq!(c.actor, DEFAULT_ACTOR_NO_TOKEN);
+        assert_eq!(w.len(), 1, "{w:?}");
+    }
+
+    #[test]
+    fn valid_actor_is_kept_as_given() {
+        let max = "é".repeat(crate::event::filter::MAX_TEXT_LEN / 2);
+        for actor in ["agent-7", "svc:billing bot", max.as_str()] {
+            let (c, w) = resolve(
+                &["w", "--token", "obs1.k.s", "--actor", actor, "--", "s"],
+                &[],
+            )
+            .expect("ok");
+            assert_eq!(c.actor, actor);
+            assert!(w.is_empty(), "{w:?}");
+        }
+    }
+
+    #[test]
+    fn clear_text_ingest_off_loopback_warns_once() {
+        let token = [(ENV_TOKEN, "obs1.k.s")];
+        let (_, w) = resolve(
+            &[
+                "w",
+                "--ingest",
+                "http://ingest.example.invalid/?t=SECRET",
+                "--",
+                "s",
+            ],
+            &token,
+        )
+        .expect("ok");
+        assert_eq!(w.len(), 1, "{w:?}");
+        let msg = w[0].to_string();
+        assert!(
+            msg.contains("clear text") && msg.contains("ingest.example.invalid"),
+            "{msg}"
+        );
+        assert!(!msg.contains("SECRET"), "{msg}");
+        for ingest in [
+            "http://10.0.0.1:7361",
+            "http://[2001:db8::1]/",
+            "http://localhost.example",
+        ] {
+            let (_, w) = resolve(&["w", "--ingest", ingest, "--", "s"], &token).expect("ok");
+            assert!(
+                matches!(w.as_slice(), [ConfigWarning::ClearTextIngest { .. }]),
+                "{ingest}: {w:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn loopback_or_tls_ingest_or_nothing_sent_gives_no_clear_text_warning() {
+        let token = [(ENV_TOKEN, "obs1.k.s")];
+        for ingest in [
+            "http://127.0.0.1:7361",
+            "http://127.9.9.9",
+            "http://127.1:7361",
+            "http://localhost:7361/",
+            "http://LOCALHOST.:7361",
+            "http://[::1]:7361",
+            "https://ingest.example.invalid",
+        ] {
+            let (_, w) = resolve(&["w", "--ingest", ingest, "--", "s"], &token).expect("ok");
+            assert!(w.is_empty(), "{ingest}: {w:?}");
+        }
+        // No token: nothing is sent, so nothing crosses in clear text.
+        let (_, w) =
+            resolve(&["w", "--ingest", "http://example.invalid", "--", "s"], &[]).expect("ok");
+        assert_eq!(w, vec![ConfigWarning::NoToken]);
+        // Kill switch: no network at all.
+        let (_, w) = resolve(
+            &["w", "--ingest", "http://example.invalid", "--", "s"],
+            &[(ENV_TOKEN, "obs1.k.s"), (ENV_DISABLED, "1")],
+        )
+        .expect("ok");
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn urls_in_warnings_and_errors_are_redacted() {
+        let (_, w) = resolve(
+            &["w", "--ingest", "ftp://u:SECRET1@h/?k=SECRET2", "--", "s"],
+            &[(ENV_TOKEN, "obs1.k.s")],
+        )
+        .expect("ok");
+        let msg = w.iter().map(ToString::to_string).collect::<String>();
+        assert!(msg.contains("ftp://<redacted>@h/?<redacted>"), "{msg}");
+        assert!(!msg.contains("SECRET"), "{msg}");
+        let e = resolve(&["w", "--http", "--upstream", "ws://h/mcp?k=SECRET3"], &[])
+            .expect_err("refused");
+        assert!(!e.to_string().contains("SECRET"), "{e}");
+    }
+
+    #[test]
+    fn only_bounded_prefixed_names_are_sensor_variables() {
+        for name in [
+            ENV_TOKEN,
+            ENV_DISABLED,
+            "BOUNDED_FUTURE_SETTING",
+            "BOUNDED_",
+        ] {
+            assert!(is_sensor_env(name.as_ref()), "{name}");
+        }
+        for name in [
+            "OTEL_SERVICE_NAME",
+            "bounded_sensor_token",
+            "XBOUNDED_TOKEN",
+            "PATH",
+        ] {
+            assert!(!is_sensor_env(name.as_ref()), "{name}");
+        }
     }
 }

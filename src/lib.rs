@@ -39,7 +39,8 @@ pub const EXIT_USAGE: i32 = 2;
 
 /// Runs the sensor: parses `argv` (program name first; a leading `observe mcp` is tolerated),
 /// reads configuration from `env` (never from the process), runs the wrapped server to the end
-/// and returns the exit code to use — the server's own.
+/// and returns the exit code to use — the server's own. `env` is configuration only: the server
+/// gets the process's environment minus every `BOUNDED_*` variable, never this map.
 pub fn run_mcp_observe<I, T>(argv: I, env: Env) -> i32
 where
     I: IntoIterator<Item = T>,
@@ -79,10 +80,11 @@ pub fn run_observe_args(args: &cli::ObserveArgs, env: &Env) -> i32 {
     };
 
     if cfg.disabled {
-        return match &cfg.mode {
-            config::Mode::Stdio { program, args } => proxy::stdio::exec_passthrough(program, args),
-            config::Mode::Http { .. } => proxy::http::run(&cfg),
-        };
+        if let config::Mode::Stdio { program, args } = &cfg.mode {
+            return proxy::stdio::exec_passthrough(program, args);
+        }
+        // HTTP mode keeps its listener's warnings (refused Hosts and Origins, bad
+        // --allow-origin values) with the kill switch: they are security, not observation.
     }
 
     log::init(cfg.debug);

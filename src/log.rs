@@ -1,7 +1,8 @@
 //! Diagnostics: every line the wrapper itself prints goes to stderr, prefixed `[observe-mcp]`.
 //!
-//! Owns the tracing subscriber setup. Must never write to stdout (invariant 1: stdout carries
-//! only the child's bytes).
+//! Owns the tracing subscriber setup and how a URL is shown in a line ([`redact_url`]). Must
+//! never write to stdout (invariant 1: stdout carries only the child's bytes), and never print a
+//! configured URL (upstream, ingest) except through [`redact_url`].
 
 use std::fmt;
 
@@ -11,6 +12,48 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// Prefix of every line the wrapper writes (DESIGN §2 invariant 1).
 pub const PREFIX: &str = "[observe-mcp]";
+
+/// What stands in for a redacted part of a URL.
+pub const REDACTED: &str = "<redacted>";
+
+/// A URL as it may be printed: the query, the fragment and any `user:password@` replaced by
+/// [`REDACTED`]; scheme, host, port and path kept, since they are what an operator needs to
+/// tell which endpoint a line is about.
+///
+/// Why: endpoints are commonly given their credential in the URL (`?api_key=…`, `?token=…`,
+/// `user:pass@`), and stderr ends up in client logs, terminals and bug reports. Works on any
+/// string, a malformed URL included (those are the ones that get printed in warnings): it looks
+/// only for the separators, never parses.
+pub fn redact_url(url: &str) -> String {
+    // The authority starts after `scheme://` (or at the start of a string without one) and ends
+    // at the first `/`, `?` or `#`.
+    let auth_start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[auth_start..];
+    let auth_len = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..auth_len];
+    let mut out = String::with_capacity(url.len());
+    out.push_str(&url[..auth_start]);
+    match authority.rfind('@') {
+        Some(at) => {
+            out.push_str(REDACTED);
+            out.push_str(&authority[at..]);
+        }
+        None => out.push_str(authority),
+    }
+    let tail = &rest[auth_len..];
+    let path_len = tail.find(['?', '#']).unwrap_or(tail.len());
+    out.push_str(&tail[..path_len]);
+    let after = &tail[path_len..];
+    if after.starts_with('?') {
+        out.push('?');
+        out.push_str(REDACTED);
+    }
+    if after.contains('#') {
+        out.push('#');
+        out.push_str(REDACTED);
+    }
+    out
+}
 
 struct Prefixed(&'static str);
 
@@ -51,4 +94,35 @@ pub fn init_with_prefix(prefix: &'static str, debug: bool) {
         .with_ansi(false)
         .event_format(Prefixed(prefix))
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_query_fragment_and_userinfo_are_redacted() {
+        for (url, shown) in [
+            (
+                "http://127.0.0.1:9/mcp?api_key=SECRET",
+                "http://127.0.0.1:9/mcp?<redacted>",
+            ),
+            (
+                "https://u:SECRET@ingest.example.com/base?t=SECRET#SECRET",
+                "https://<redacted>@ingest.example.com/base?<redacted>#<redacted>",
+            ),
+            ("http://h?SECRET", "http://h?<redacted>"),
+            ("http://h#SECRET?x", "http://h#<redacted>"),
+            // A path that contains `@` is not userinfo.
+            ("http://h/a@b", "http://h/a@b"),
+            ("http://127.0.0.1:7361", "http://127.0.0.1:7361"),
+            // Malformed values, as warnings print them.
+            ("ftp:/x?SECRET", "ftp:/x?<redacted>"),
+            ("user:SECRET@host/x", "<redacted>@host/x"),
+            ("", ""),
+            ("http://", "http://"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
 }

@@ -140,9 +140,17 @@ impl Proxy {
     }
 
     fn signal(&mut self, sig: libc::c_int) -> i32 {
+        self.send_signal(sig);
+        self.wait_exit()
+    }
+
+    fn send_signal(&self, sig: libc::c_int) {
         let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
         // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
         unsafe { libc::kill(pid, sig) };
+    }
+
+    fn wait_exit(&mut self) -> i32 {
         let deadline = Instant::now() + IO_TIMEOUT;
         loop {
             if let Some(st) = self.child.try_wait().expect("wait") {
@@ -525,7 +533,8 @@ async fn client_disconnect_mid_upload_reaches_the_upstream() {
     let mut s = TcpStream::connect(("127.0.0.1", proxy.port)).expect("connect");
     write!(
         s,
-        "POST /slow-upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+        "POST /slow-upload HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n",
+        proxy.port
     )
     .expect("head");
     s.write_all(&[b' '; 4096]).expect("part of the body");
@@ -783,8 +792,15 @@ async fn kill_switch_is_a_pure_proxy_with_no_network_to_the_ingest() {
 async fn sigint_and_sigterm_shut_down_with_128_plus_signal() {
     let fx = Fixture::start("raw");
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        let mut proxy = Proxy::start(&fx.url, &[("BOUNDED_SHUTDOWN_FLUSH_MS", "200")], &[]);
-        // An open stream must not hold the shutdown.
+        let mut proxy = Proxy::start(
+            &fx.url,
+            &[
+                ("BOUNDED_SHUTDOWN_FLUSH_MS", "200"),
+                ("BOUNDED_DRAIN_MS", "300"),
+            ],
+            &[],
+        );
+        // A call that never ends holds the shutdown no longer than the drain deadline.
         let c = client();
         let mut req = Request::post(proxy.url("/mcp"));
         for (k, v) in JSON_POST {
@@ -1215,4 +1231,527 @@ async fn session_id_is_keyed_per_process_and_stable_within_one() {
         ids[0], ids[1],
         "two processes must not link the same session"
     );
+}
+
+// ---------------------------------------------------------------- who may use the listener
+
+/// Sends one request on a fresh connection, exactly as written (the `Host` is the caller's),
+/// and returns the status and the whole answer.
+fn raw_exchange(port: u16, head: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    write!(
+        s,
+        "{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).expect("read");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+    (status, answer)
+}
+
+/// A JSON-RPC POST to `/mcp` with the given `Host` line (none when `host` is `None`).
+fn post_with_host(port: u16, version: &str, host: Option<&str>, body: &str) -> (u16, String) {
+    let host = host.map_or_else(String::new, |h| format!("Host: {h}\r\n"));
+    raw_exchange(
+        port,
+        &format!(
+            "POST /mcp {version}\r\n{host}Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        ),
+        body,
+    )
+}
+
+/// How many requests the raw fixture's `/mcp` received.
+async fn upstream_requests(fx: &Fixture) -> u64 {
+    let stats = send(
+        &client(),
+        Method::GET,
+        &format!("{}/stats", fx.origin()),
+        &[],
+        "",
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&stats.body).expect("stats");
+    v["requests"].as_u64().expect("count")
+}
+
+/// The proxy's stderr once `needle` is in it (and a moment more, for any line that follows).
+fn stderr_with(proxy: &Proxy, needle: &str) -> String {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while !proxy.stderr.lock().expect("lock").contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "stderr never said {needle:?}: {}",
+            proxy.stderr.lock().expect("lock")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    proxy.stderr.lock().expect("lock").clone()
+}
+
+const HOST_REFUSED: &str = "Refused a request for another Host";
+const ORIGIN_REFUSED: &str = "Refused a request from a foreign Origin";
+
+/// A page rebound to 127.0.0.1 sends its own name in `Host`: refused, and the upstream never
+/// hears of it; the operator is told once, not per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebound_host_is_refused_without_reaching_upstream() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let other_port = if proxy.port == 1 { 2 } else { proxy.port - 1 };
+    for host in [
+        format!("attacker.example:{}", proxy.port),
+        "attacker.example".to_string(),
+        format!("127.0.0.1:{other_port}"),
+        format!("localhost.:{}", proxy.port),
+    ] {
+        let (status, answer) =
+            post_with_host(proxy.port, "HTTP/1.1", Some(&host), &call(1, "echo"));
+        assert_eq!(status, 403, "{host}: {answer}");
+        assert!(
+            !answer.contains("jsonrpc"),
+            "{host}: upstream answered: {answer}"
+        );
+    }
+    assert_eq!(
+        upstream_requests(&fx).await,
+        0,
+        "a refused request reached the upstream"
+    );
+    let stderr = stderr_with(&proxy, HOST_REFUSED);
+    assert_eq!(stderr.matches(HOST_REFUSED).count(), 1, "{stderr}");
+    assert!(stderr.contains("attacker.example"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_host_names_with_the_listener_port_are_admitted() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let hosts = [
+        format!("127.0.0.1:{}", proxy.port),
+        format!("localhost:{}", proxy.port),
+        format!("LocalHost:{}", proxy.port),
+        format!("[::1]:{}", proxy.port),
+    ];
+    for host in &hosts {
+        let (status, answer) = post_with_host(proxy.port, "HTTP/1.1", Some(host), &call(1, "echo"));
+        assert_eq!(status, 200, "{host}: {answer}");
+        assert!(answer.contains("\"ok\""), "{host}: {answer}");
+    }
+    assert_eq!(upstream_requests(&fx).await, hosts.len() as u64);
+    assert!(!proxy.stderr.lock().expect("lock").contains(HOST_REFUSED));
+}
+
+/// HTTP/1.1 requires one `Host` (RFC 9112 §3.2): without it the request is malformed (400),
+/// and cannot be told apart from a rebound page's, so it never reaches the upstream. An
+/// HTTP/1.0 request without `Host` is refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_without_host_is_a_bad_request() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    for version in ["HTTP/1.1", "HTTP/1.0"] {
+        let (status, answer) = post_with_host(proxy.port, version, None, &call(1, "echo"));
+        assert_eq!(status, 400, "{version}: {answer}");
+    }
+    assert_eq!(upstream_requests(&fx).await, 0);
+    let stderr = stderr_with(&proxy, HOST_REFUSED);
+    assert_eq!(stderr.matches(HOST_REFUSED).count(), 1, "{stderr}");
+}
+
+/// A browser names the page that sent a request in `Origin`: a foreign page is refused even
+/// with a correct `Host` (the MCP transports specification asks for this 403).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_origin_is_refused_without_reaching_upstream() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    for origin in [
+        "https://attacker.example",
+        "null",
+        "http://127.0.0.1.attacker.example",
+    ] {
+        let h: Vec<(&str, &str)> = JSON_POST
+            .iter()
+            .copied()
+            .chain([("origin", origin)])
+            .collect();
+        let a = send(&c, Method::POST, &proxy.url("/mcp"), &h, call(1, "echo")).await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{origin}");
+    }
+    assert_eq!(
+        upstream_requests(&fx).await,
+        0,
+        "a refused request reached the upstream"
+    );
+    let stderr = stderr_with(&proxy, ORIGIN_REFUSED);
+    assert_eq!(stderr.matches(ORIGIN_REFUSED).count(), 1, "{stderr}");
+}
+
+/// Local pages (an inspector on another loopback port) and the upstream's own origin are
+/// admitted without configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_and_upstream_origins_are_admitted() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[], &[]);
+    let c = client();
+    let upstream_origin = fx.origin();
+    let origins = [
+        "http://localhost:6274",
+        "http://127.0.0.1:3000",
+        "https://[::1]",
+        upstream_origin.as_str(),
+    ];
+    for origin in origins {
+        let h: Vec<(&str, &str)> = JSON_POST
+            .iter()
+            .copied()
+            .chain([("origin", origin)])
+            .collect();
+        let a = send(&c, Method::POST, &proxy.url("/mcp"), &h, call(1, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK, "{origin}");
+    }
+    assert_eq!(upstream_requests(&fx).await, origins.len() as u64);
+}
+
+/// `--allow-origin` admits more origins (and replaces `BOUNDED_ALLOW_ORIGINS`); a malformed
+/// value is one warning and is ignored, and the proxy runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_origin_admits_more_origins() {
+    let fx = Fixture::start("raw");
+    let c = client();
+    let with_origin = |origin: &'static str| -> Vec<(&'static str, &'static str)> {
+        JSON_POST
+            .iter()
+            .copied()
+            .chain([("origin", origin)])
+            .collect()
+    };
+    let proxy = Proxy::start(
+        &fx.url,
+        &[("BOUNDED_ALLOW_ORIGINS", "https://env.example")],
+        &[
+            "--allow-origin",
+            "https://app.example",
+            "--allow-origin",
+            "not an origin",
+        ],
+    );
+    let url = proxy.url("/mcp");
+    let a = send(
+        &c,
+        Method::POST,
+        &url,
+        &with_origin("https://app.example"),
+        call(1, "echo"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    for refused in ["https://env.example", "https://other.example"] {
+        let a = send(
+            &c,
+            Method::POST,
+            &url,
+            &with_origin(refused),
+            call(2, "echo"),
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::FORBIDDEN, "{refused}");
+    }
+    let stderr = stderr_with(&proxy, "not an origin");
+    assert_eq!(stderr.matches("not an origin").count(), 1, "{stderr}");
+    drop(proxy);
+
+    let proxy = Proxy::start(
+        &fx.url,
+        &[(
+            "BOUNDED_ALLOW_ORIGINS",
+            "https://env.example,https://two.example",
+        )],
+        &[],
+    );
+    let url = proxy.url("/mcp");
+    for admitted in ["https://env.example", "https://two.example"] {
+        let a = send(
+            &c,
+            Method::POST,
+            &url,
+            &with_origin(admitted),
+            call(3, "echo"),
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK, "{admitted}");
+    }
+}
+
+/// The checks protect the upstream, not the observation: the kill switch keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_switch_keeps_the_host_and_origin_checks() {
+    let fx = Fixture::start("raw");
+    let proxy = Proxy::start(&fx.url, &[("BOUNDED_OBSERVE_MCP_DISABLED", "1")], &[]);
+    let (status, _) = post_with_host(
+        proxy.port,
+        "HTTP/1.1",
+        Some(&format!("attacker.example:{}", proxy.port)),
+        &call(1, "echo"),
+    );
+    assert_eq!(status, 403);
+    let c = client();
+    let h: Vec<(&str, &str)> = JSON_POST
+        .iter()
+        .copied()
+        .chain([("origin", "https://attacker.example")])
+        .collect();
+    let a = send(&c, Method::POST, &proxy.url("/mcp"), &h, call(2, "echo")).await;
+    assert_eq!(a.status, StatusCode::FORBIDDEN);
+    assert_eq!(upstream_requests(&fx).await, 0);
+    let a = send(
+        &c,
+        Method::POST,
+        &proxy.url("/mcp"),
+        JSON_POST,
+        call(3, "echo"),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let stderr = stderr_with(&proxy, ORIGIN_REFUSED);
+    assert_eq!(stderr.matches(HOST_REFUSED).count(), 1, "{stderr}");
+}
+
+// ---------------------------------------------------------------- draining at shutdown
+
+fn delay_call(id: u64, ms: u64) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "delay", "arguments": {"ms": ms}}})
+    .to_string()
+}
+
+fn post(url: &str, body: String) -> Request<Full<Bytes>> {
+    let mut req = Request::post(url);
+    for (k, v) in JSON_POST {
+        req = req.header(*k, *v);
+    }
+    req.body(Full::new(Bytes::from(body))).expect("request")
+}
+
+/// Waits until the raw fixture has received `n` requests (the calls are in flight upstream).
+async fn upstream_saw(fx: &Fixture, n: u64) {
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while upstream_requests(fx).await < n {
+        assert!(Instant::now() < deadline, "upstream never saw {n} requests");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// SIGTERM while calls are in flight: the clients get their whole answers (a JSON response
+/// and an SSE response), new connections are refused meanwhile, the calls are reported as
+/// successes, and the process then exits with 143.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_in_flight_at_sigterm_finish_before_exit() {
+    let fx = Fixture::start("raw");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = dir.path().join("events.jsonl");
+    let ingest = format!("file:{}", sink.display());
+    let mut proxy = Proxy::start(
+        &fx.url,
+        &[("BOUNDED_FLUSH_MS", "20")],
+        &["--ingest", &ingest],
+    );
+    let url = proxy.url("/mcp");
+    let c = client();
+
+    // An SSE response: first event now, the result 1 s later. Read up to the first event.
+    let resp = tokio::time::timeout(IO_TIMEOUT, c.request(post(&url, call(1, "slow"))))
+        .await
+        .expect("head in time")
+        .expect("head");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut sse = resp.into_body();
+    let mut sse_text = String::new();
+    while !sse_text.contains("first event") {
+        let frame = tokio::time::timeout(IO_TIMEOUT, sse.frame())
+            .await
+            .expect("first event in time")
+            .expect("a frame")
+            .expect("ok frame");
+        if let Some(d) = frame.data_ref() {
+            sse_text.push_str(&String::from_utf8_lossy(d));
+        }
+    }
+    // A JSON response after 2 s.
+    let c2 = client();
+    let json_url = url.clone();
+    let json_call = tokio::spawn(async move {
+        send(&c2, Method::POST, &json_url, JSON_POST, delay_call(2, 2000)).await
+    });
+    upstream_saw(&fx, 2).await;
+
+    proxy.send_signal(libc::SIGTERM);
+    // The listener stops accepting while the calls finish.
+    let port = proxy.port;
+    let refused = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < deadline {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        false
+    });
+
+    while let Some(frame) = tokio::time::timeout(IO_TIMEOUT, sse.frame())
+        .await
+        .expect("SSE frame in time")
+    {
+        let frame = frame.expect("the SSE response is not cut");
+        if let Some(d) = frame.data_ref() {
+            sse_text.push_str(&String::from_utf8_lossy(d));
+        }
+    }
+    assert!(
+        sse_text.contains("\"done\""),
+        "SSE result missing: {sse_text}"
+    );
+    let a = json_call.await.expect("JSON call task");
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(
+        String::from_utf8_lossy(&a.body).contains("delayed 2000 ms"),
+        "{:?}",
+        a.body
+    );
+    assert!(
+        refused.await.expect("connect task"),
+        "new connections were still accepted while draining"
+    );
+    let code = tokio::task::spawn_blocking(move || proxy.wait_exit())
+        .await
+        .expect("wait");
+    assert_eq!(code, 128 + libc::SIGTERM);
+
+    let text = std::fs::read_to_string(&sink).unwrap_or_default();
+    let events: Vec<Value> = text
+        .lines()
+        .flat_map(|l| {
+            let batch: Value = serde_json::from_str(l).expect("one batch per line");
+            batch["events"].as_array().cloned().unwrap_or_default()
+        })
+        .collect();
+    for tool in ["slow", "delay"] {
+        let e = by_action(&events, tool);
+        assert_eq!(e.len(), 1, "{tool}: {events:?}");
+        assert_eq!(
+            e[0]["status"], 200,
+            "{tool} finished, and is reported so: {}",
+            e[0]
+        );
+    }
+}
+
+/// A call slower than `--drain-ms` is cut at the deadline, and the process exits soon after
+/// (it does not wait for the call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_slower_than_the_drain_deadline_is_cut() {
+    const DRAIN: Duration = Duration::from_millis(300);
+    let fx = Fixture::start("raw");
+    let mut proxy = Proxy::start(
+        &fx.url,
+        &[
+            ("BOUNDED_DRAIN_MS", "300"),
+            ("BOUNDED_SHUTDOWN_FLUSH_MS", "200"),
+        ],
+        &[],
+    );
+    let url = proxy.url("/mcp");
+    let in_flight = tokio::spawn(async move {
+        let c = client();
+        tokio::time::timeout(IO_TIMEOUT, c.request(post(&url, delay_call(1, 20_000))))
+            .await
+            .expect("the call ends in time")
+            .map(|r| r.status())
+    });
+    upstream_saw(&fx, 1).await;
+    let signalled = Instant::now();
+    proxy.send_signal(libc::SIGTERM);
+    let code = tokio::task::spawn_blocking(move || proxy.wait_exit())
+        .await
+        .expect("wait");
+    let took = signalled.elapsed();
+    assert_eq!(code, 128 + libc::SIGTERM);
+    assert!(
+        took >= DRAIN,
+        "exited after {took:?}, before the drain deadline"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "exited after {took:?}: waited for the call instead of cutting it"
+    );
+    let outcome = in_flight.await.expect("call task");
+    assert!(outcome.is_err(), "the cut call got an answer: {outcome:?}");
+}
+
+/// A GET event stream is the session's channel, not a call: it ends at once on SIGTERM (and
+/// the upstream's stream is closed) instead of holding the shutdown until the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_stream_ends_at_once_on_sigterm() {
+    let fx = Fixture::start("raw");
+    let mut proxy = Proxy::start(
+        &fx.url,
+        &[
+            ("BOUNDED_DRAIN_MS", "30000"),
+            ("BOUNDED_SHUTDOWN_FLUSH_MS", "200"),
+        ],
+        &[],
+    );
+    let c = client();
+    let get = Request::get(proxy.url("/mcp"))
+        .header("accept", "text/event-stream")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = tokio::time::timeout(IO_TIMEOUT, c.request(get))
+        .await
+        .expect("head in time")
+        .expect("head");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(IO_TIMEOUT, body.frame())
+        .await
+        .expect("first event in time")
+        .expect("a frame")
+        .expect("ok frame");
+    assert!(String::from_utf8_lossy(first.data_ref().expect("data")).contains("stream open"));
+
+    let signalled = Instant::now();
+    proxy.send_signal(libc::SIGTERM);
+    let end = tokio::time::timeout(IO_TIMEOUT, body.frame())
+        .await
+        .expect("the stream ends in time");
+    assert!(end.is_none(), "the stream ends cleanly, not cut: {end:?}");
+    let code = tokio::task::spawn_blocking(move || proxy.wait_exit())
+        .await
+        .expect("wait");
+    assert_eq!(code, 128 + libc::SIGTERM);
+    let took = signalled.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "a GET stream held the shutdown for {took:?}"
+    );
+    let deadline = Instant::now() + IO_TIMEOUT;
+    loop {
+        let stats = send(&c, Method::GET, &format!("{}/stats", fx.origin()), &[], "").await;
+        let v: Value = serde_json::from_slice(&stats.body).expect("stats");
+        if v["closed_streams"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "upstream stream still open");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use bounded_observe_mcp::config::{Config, IngestTarget};
 use bounded_observe_mcp::event::{Event, EventSink, MAX_BATCH_EVENTS};
-use bounded_observe_mcp::report::{self, ReportConfig, ReportStats, Tuning, QUEUE_CAPACITY};
+use bounded_observe_mcp::report::{
+    self, ReportConfig, ReportStats, Tuning, MAX_BATCH_BYTES, QUEUE_CAPACITY,
+};
 use bounded_observe_mcp::token::SensorToken;
 use report_support::*;
 use serde_json::{json, Value};
@@ -38,6 +40,18 @@ fn quick() -> Tuning {
         connect_timeout: Duration::from_millis(500),
         request_timeout: Duration::from_millis(400),
         retry_delay: Duration::from_millis(20),
+        cooldown_min: Duration::from_millis(50),
+        cooldown_max: Duration::from_millis(500),
+    }
+}
+
+/// [`quick`], with a back-off between failing batches long enough to measure: 200 ms, then
+/// 400, 800… (each plus up to as much again of jitter), at most 5 s.
+fn measured_backoff() -> Tuning {
+    Tuning {
+        cooldown_min: Duration::from_millis(200),
+        cooldown_max: Duration::from_secs(5),
+        ..quick()
     }
 }
 
@@ -588,4 +602,254 @@ fn reporter_outside_a_runtime_fails_open() {
     let stats = rt.block_on(h.shutdown());
     assert_eq!(stats.delivered, 0);
     assert_eq!(stats.dropped, 2, "counted, never a panic");
+}
+
+/// An event as wide as capture allows: 32 fields (the most an event keeps) of 128-byte values
+/// (the longest kept), under keys `--capture note_00 … note_31` would allow, all of which pass
+/// the privacy layers. About 5 KB encoded: 500 of them would be a 2.5 MB body.
+fn wide_event() -> Event {
+    let mut e = event("issue_refund");
+    let value: String = ('a'..='z').cycle().take(128).collect();
+    e.rec.fields = Some(
+        (0..32)
+            .map(|i| (format!("note_{i:02}"), Value::String(value.clone())))
+            .collect(),
+    );
+    e
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_of_wide_events_stay_under_one_mib_and_lose_no_event() {
+    let ingest = TestIngest::start().await;
+    // A flush interval longer than the test: only the size limits can cut batches.
+    let (mut q, h) = report::start_with(
+        cfg(IngestTarget::Http(ingest.base()), 600_000, 20_000),
+        quick(),
+    );
+    let n = 1200;
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let e = wide_event();
+        ids.push(e.id.clone());
+        q.emit(e);
+    }
+    let stats = h.shutdown().await;
+
+    let reqs = ingest.requests();
+    let sizes: Vec<usize> = reqs.iter().map(|r| r.body.len()).collect();
+    assert!(
+        sizes.iter().all(|&b| b <= MAX_BATCH_BYTES),
+        "every body within 1 MiB: {sizes:?}"
+    );
+    assert!(reqs.iter().all(|r| r.status == 200), "none refused");
+    for r in &reqs {
+        for e in r.json()["events"].as_array().expect("events") {
+            assert_eq!(
+                e["rec"]["fields"].as_object().map(|f| f.len()),
+                Some(32),
+                "every captured field arrives"
+            );
+        }
+    }
+    assert_eq!(accepted_ids(&ingest), ids, "every event once, in order");
+    assert_eq!(stats.delivered, n as u64);
+    assert_eq!(stats.dropped, 0);
+}
+
+/// The requests of one batch (an attempt and its retry share a body), grouped in order.
+fn batches(ingest: &TestIngest) -> Vec<Vec<Instant>> {
+    let mut out: Vec<(Vec<u8>, Vec<Instant>)> = Vec::new();
+    for r in ingest.requests() {
+        match out.last_mut() {
+            Some((body, times)) if *body == r.body => times.push(r.at),
+            _ => out.push((r.body, vec![r.at])),
+        }
+    }
+    out.into_iter().map(|(_, t)| t).collect()
+}
+
+/// From the last request of each batch to the first of the next.
+fn gaps(batches: &[Vec<Instant>]) -> Vec<Duration> {
+    batches
+        .windows(2)
+        .map(|w| w[1][0].duration_since(*w[0].last().expect("a request")))
+        .collect()
+}
+
+async fn retry_after_is_honoured_on(status: u16) {
+    let ingest = TestIngest::start().await;
+    ingest.reply_next(&[Reply::Throttle(status, "1")]);
+    let (mut q, h) =
+        report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 10_000), quick());
+    let ids = emit_n(&mut q, 3);
+    let stats = h.shutdown().await;
+
+    let reqs = ingest.requests();
+    let statuses: Vec<u16> = reqs.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, vec![status, 200]);
+    let waited = reqs[1].at.duration_since(reqs[0].at);
+    // The retry delay alone is 20-40 ms: only the header explains a second.
+    assert!(
+        waited >= Duration::from_secs(1),
+        "the retry came {waited:?} after a Retry-After of 1 s"
+    );
+    assert_eq!(accepted_ids(&ingest), ids);
+    assert_eq!(stats.retries, 1);
+    assert_eq!(stats.dropped, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured_on_503() {
+    retry_after_is_honoured_on(503).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured_on_429() {
+    retry_after_is_honoured_on(429).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_also_spaces_the_next_batch() {
+    let ingest = TestIngest::start().await;
+    let throttle = Reply::Throttle(503, "1");
+    ingest.reply_next(&[throttle, throttle]);
+    let (mut q, h) = report::start_with(
+        cfg(IngestTarget::Http(ingest.base()), 50, 10_000),
+        measured_backoff(),
+    );
+    emit_n(&mut q, 3);
+    assert!(wait_until(PATIENCE, || h.snapshot().failed_batches == 1).await);
+    let later = emit_n(&mut q, 2);
+    let stats = h.shutdown().await;
+
+    let b = batches(&ingest);
+    assert_eq!(b.len(), 2, "{b:?}");
+    let gap = gaps(&b)[0];
+    // The back-off alone would be 200-400 ms: the ingest asked for a second.
+    assert!(gap >= Duration::from_secs(1), "next batch after {gap:?}");
+    assert_eq!(accepted_ids(&ingest), later);
+    assert_eq!(ingest.accepted()[0].dropped(), 3);
+    assert_eq!(stats.delivered, 2);
+}
+
+/// Emits `n` events in batches of 500, so that each batch is full and due at once: any space
+/// between them is the back-off.
+fn emit_full_batches(q: &mut impl EventSink, batches: usize) {
+    emit_n(q, batches * MAX_BATCH_EVENTS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consecutive_failing_batches_are_spaced_increasingly() {
+    let ingest = TestIngest::start().await;
+    ingest.always(Reply::Status(503));
+    let (mut q, h) = report::start_with(
+        cfg(IngestTarget::Http(ingest.base()), 50, 500),
+        measured_backoff(),
+    );
+    emit_full_batches(&mut q, 5);
+    assert!(
+        wait_until(PATIENCE, || h.snapshot().failed_batches == 4).await,
+        "four batches given up"
+    );
+    let stats = h.shutdown().await;
+
+    let b = batches(&ingest);
+    assert!(b.iter().all(|r| r.len() == 2), "attempt and retry: {b:?}");
+    let g = gaps(&b);
+    // Pause n lies in [200·2ⁿ⁻¹, 400·2ⁿ⁻¹) ms: each at least the doubled floor.
+    for (i, floor_ms) in [200u64, 400, 800].into_iter().enumerate() {
+        assert!(
+            g[i] >= Duration::from_millis(floor_ms),
+            "pause {} was {:?}: {g:?}",
+            i + 1,
+            g[i]
+        );
+    }
+    assert!(g[2] > g[0], "spacing grows: {g:?}");
+    // Shutdown came during the fourth pause (1.6 s or more), past its 500 ms deadline: the
+    // fifth batch was given up at once, never sent.
+    assert_eq!(b.len(), 4, "{g:?}");
+    assert_eq!(stats.delivered, 0);
+    assert_eq!(stats.dropped, 5 * MAX_BATCH_EVENTS as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_off_resets_after_a_delivered_batch() {
+    let ingest = TestIngest::start().await;
+    // Three failing batches (attempt and retry each), one delivered, then two failing again.
+    let mut plan = vec![503; 6];
+    plan.push(200);
+    plan.extend([503; 4]);
+    ingest.fail_next(&plan);
+    let (mut q, h) = report::start_with(
+        cfg(IngestTarget::Http(ingest.base()), 50, 10_000),
+        measured_backoff(),
+    );
+    emit_full_batches(&mut q, 7);
+    assert!(
+        wait_until(PATIENCE, || h.snapshot().batches >= 2).await,
+        "delivered again after the second failure spell"
+    );
+    let stats = h.shutdown().await;
+
+    let b = batches(&ingest);
+    let g = gaps(&b);
+    assert!(g.len() >= 6, "{g:?}");
+    assert!(g[2] >= Duration::from_millis(800), "third pause: {g:?}");
+    // Had nothing reset, the next pauses would be 1.6 s or more.
+    assert!(
+        g[3] < Duration::from_millis(800),
+        "no pause after a delivered batch: {g:?}"
+    );
+    // The first failure after the success starts again from 200-400 ms.
+    assert!(
+        g[4] >= Duration::from_millis(200) && g[4] < Duration::from_millis(1600),
+        "the back-off starts over: {g:?}"
+    );
+    assert!(
+        g[5] >= Duration::from_millis(400),
+        "and doubles again: {g:?}"
+    );
+    assert_eq!(stats.failed, 5 * MAX_BATCH_EVENTS as u64);
+    assert_eq!(stats.delivered, 2 * MAX_BATCH_EVENTS as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_retry_after_wait_exits_within_shutdown_flush() {
+    let ingest = TestIngest::start().await;
+    ingest.always(Reply::Throttle(503, "30"));
+    let (mut q, h) = report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 1000), quick());
+    emit_n(&mut q, 3);
+    assert!(wait_until(PATIENCE, || ingest.request_count() == 1).await);
+    let t = Instant::now();
+    let stats = h.shutdown().await;
+    let took = t.elapsed();
+    // The retry would come 30 s later; the 1 s deadline ends it (loose bound, loaded machine).
+    assert!(took < Duration::from_secs(3), "shutdown took {took:?}");
+    assert_eq!(ingest.request_count(), 1, "the retry was never sent");
+    assert!(stats.deadline_hit);
+    assert_eq!(stats.dropped, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_back_off_exits_within_shutdown_flush() {
+    let ingest = TestIngest::start().await;
+    ingest.always(Reply::Status(503));
+    let tuning = Tuning {
+        cooldown_min: Duration::from_secs(20),
+        cooldown_max: Duration::from_secs(30),
+        ..quick()
+    };
+    let (mut q, h) = report::start_with(cfg(IngestTarget::Http(ingest.base()), 50, 1000), tuning);
+    emit_n(&mut q, 3);
+    assert!(wait_until(PATIENCE, || h.snapshot().failed_batches == 1).await);
+    emit_n(&mut q, 4);
+    let t = Instant::now();
+    let stats = h.shutdown().await;
+    let took = t.elapsed();
+    // The back-off (20 s or more) ends after the 1 s deadline: nothing is sent, nothing waits.
+    assert!(took < Duration::from_millis(900), "shutdown took {took:?}");
+    assert_eq!(ingest.request_count(), 2, "no batch during the back-off");
+    assert!(stats.deadline_hit);
+    assert_eq!(stats.dropped, 7);
 }

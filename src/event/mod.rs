@@ -251,6 +251,25 @@ impl BatchBody {
         }
     }
 
+    /// [`BatchBody::push`], unless the events' bytes would then pass `max_event_bytes` and the
+    /// body already holds one: `Ok(false)`, and the body is left as it was, so that the caller
+    /// can send it and start the next batch with this event. An empty body always takes the
+    /// event, so no event is ever refused for its size alone.
+    pub fn push_within(
+        &mut self,
+        event: &Event,
+        max_event_bytes: usize,
+    ) -> Result<bool, serde_json::Error> {
+        let (mark, count) = (self.events.len(), self.count);
+        self.push(event)?;
+        if count > 0 && self.events.len() > max_event_bytes {
+            self.events.truncate(mark);
+            self.count = count;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
     /// Events added since the last [`BatchBody::take`].
     pub fn len(&self) -> usize {
         self.count

@@ -3,12 +3,15 @@
 //!
 //! Goes in: an ingest base URL and the admin secret. Comes out: minted keys, revocations, rollups
 //! and stored events, or an [`AdminError`] that names the ingest and the HTTP status. It never
-//! prints the admin secret, and its `Debug` form hides it.
+//! prints the admin secret, and its `Debug` form hides it; the ingest URL is shown only
+//! redacted ([`redact_url`]: no query, no `user:password@`).
 
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::log::redact_url;
 
 use super::server::{ADMIN_KEYS_PATH, ADMIN_SENSORS_PATH, EVENTS_PATH, ROLLUPS_PATH};
 
@@ -37,6 +40,7 @@ impl std::fmt::Debug for MintedKey {
     }
 }
 
+/// Every `url` here is already redacted, and `source` carries no URL.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AdminError {
@@ -74,7 +78,11 @@ pub struct AdminClient {
 
 impl std::fmt::Debug for AdminClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AdminClient({}, <redacted>)", self.base)
+        write!(
+            f,
+            "AdminClient({}, <redacted>)",
+            redact_url(self.base.as_str())
+        )
     }
 }
 
@@ -85,7 +93,7 @@ impl AdminClient {
         let url = reqwest::Url::parse(&format!("{trimmed}/"))
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
-            .ok_or_else(|| AdminError::BadUrl(base.to_string()))?;
+            .ok_or_else(|| AdminError::BadUrl(redact_url(base)))?;
         // reqwest is built without a bundled TLS provider; ring is the one this crate uses.
         // Installing fails harmlessly when another part of the process already did it.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -103,7 +111,7 @@ impl AdminClient {
     fn url(&self, path: &str) -> Result<reqwest::Url, AdminError> {
         self.base
             .join(path.trim_start_matches('/'))
-            .map_err(|_| AdminError::BadUrl(format!("{}{path}", self.base)))
+            .map_err(|_| AdminError::BadUrl(redact_url(&format!("{}{path}", self.base))))
     }
 
     async fn send(
@@ -115,22 +123,19 @@ impl AdminClient {
             .bearer_auth(&self.secret)
             .send()
             .await
-            .map_err(|source| AdminError::Request {
-                url: url.to_string(),
-                source,
-            })?;
+            .map_err(|source| request_error(url, source))?;
         let status = resp.status().as_u16();
-        let body = resp.bytes().await.map_err(|source| AdminError::Request {
-            url: url.to_string(),
-            source,
-        })?;
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|source| request_error(url, source))?;
         if !(200..300).contains(&status) {
             let message = serde_json::from_slice::<Value>(&body)
                 .ok()
                 .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_owned))
                 .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
             return Err(AdminError::Status {
-                url: url.to_string(),
+                url: redact_url(url.as_str()),
                 status,
                 message,
             });
@@ -143,7 +148,7 @@ impl AdminClient {
         body: &[u8],
     ) -> Result<T, AdminError> {
         serde_json::from_slice(body).map_err(|e| AdminError::Body {
-            url: url.to_string(),
+            url: redact_url(url.as_str()),
             detail: e.to_string(),
         })
     }
@@ -168,7 +173,7 @@ impl AdminClient {
     pub async fn revoke(&self, key_id: &str) -> Result<(), AdminError> {
         let mut url = self.url(ADMIN_KEYS_PATH)?;
         url.path_segments_mut()
-            .map_err(|_| AdminError::BadUrl(self.base.to_string()))?
+            .map_err(|_| AdminError::BadUrl(redact_url(self.base.as_str())))?
             .push(key_id);
         self.send(self.http.delete(url.clone()), &url).await?;
         Ok(())
@@ -209,11 +214,19 @@ impl AdminClient {
     }
 }
 
+/// reqwest's error names the full URL; the redacted one is printed beside it instead.
+fn request_error(url: &reqwest::Url, source: reqwest::Error) -> AdminError {
+    AdminError::Request {
+        url: redact_url(url.as_str()),
+        source: source.without_url(),
+    }
+}
+
 fn array_field(url: &reqwest::Url, mut v: Value, field: &str) -> Result<Vec<Value>, AdminError> {
     match v.get_mut(field).map(Value::take) {
         Some(Value::Array(a)) => Ok(a),
         _ => Err(AdminError::Body {
-            url: url.to_string(),
+            url: redact_url(url.as_str()),
             detail: format!("no `{field}` array"),
         }),
     }

@@ -12,7 +12,15 @@
 //!
 //! Decisions a user sees (README):
 //! * **Listener**: `127.0.0.1` only, on `--port` or an ephemeral port; once it accepts it
-//!   prints `[observe-mcp] listening http://127.0.0.1:<port> → <upstream>` on stderr.
+//!   prints `[observe-mcp] listening http://127.0.0.1:<port> → <upstream>` on stderr, the
+//!   upstream's query (often its credential, `?api_key=…`) shown as `?<redacted>`, as in every
+//!   line that names it.
+//! * **Who may use it** ([`admit`], DNS rebinding): only requests whose `Host` is
+//!   `127.0.0.1`, `localhost` or `[::1]` with the bound port, and whose `Origin`, when there is
+//!   one, is a loopback origin (`http(s)://127.0.0.1|localhost|[::1]`, any port), the upstream's
+//!   own, or one given with `--allow-origin`. Anything else gets a 403 (a 400 when `Host` is
+//!   missing or repeated: a malformed HTTP/1.1 request) and never reaches the upstream; each
+//!   kind is warned about once. The kill switch keeps these checks.
 //! * **Paths**: the local root (`/`) and the upstream's own path (e.g. `/mcp`) both reach the
 //!   upstream endpoint; any other path is forwarded unchanged to the upstream's origin, so
 //!   OAuth discovery (`/.well-known/…`) keeps working. A query on `/` is appended to the
@@ -28,12 +36,17 @@
 //!   carrying `user:password@` is refused at start.
 //! * **Kill switch** (`BOUNDED_OBSERVE_MCP_DISABLED=1`): the same proxy with no observation
 //!   task, no reporter and no socket to any ingest.
-//! * **Shutdown**: SIGINT or SIGTERM stops accepting, closes open connections (streams
-//!   included), lets the observer end what is in flight and flushes the reporter within
-//!   `--shutdown-flush-ms`; the exit code is then 128 + the signal (130 for SIGINT, 143 for
-//!   SIGTERM), as in stdio mode, where the wrapper's code follows a signalled server. A listener
-//!   that cannot bind, or an upstream URL that cannot be used, exits 1.
+//! * **Shutdown**: SIGINT or SIGTERM stops accepting and closes idle connections; exchanges in
+//!   flight (POST responses, SSE ones included, and any other request already being answered)
+//!   may finish for up to `--drain-ms` (default 5 s), so a client is not invited to retry a
+//!   call whose side effect already happened; what is still open at the deadline is cut. GET
+//!   event streams are not calls and would never finish: they end at once. Then the observer
+//!   ends what is in flight and the reporter flushes within `--shutdown-flush-ms`; the exit code
+//!   is 128 + the signal (130 for SIGINT, 143 for SIGTERM), as in stdio mode, where the
+//!   wrapper's code follows a signalled server. A listener that cannot bind, or an upstream URL
+//!   that cannot be used, exits 1.
 
+pub mod admit;
 mod forward;
 pub mod sse;
 pub mod watch;
@@ -51,7 +64,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, Mode};
-use crate::log::PREFIX;
+use crate::log::{redact_url, PREFIX};
 use crate::observe::{EndCause, Observer, Transport};
 
 pub use forward::{strip_hop_by_hop, HEADER_SESSION_ID};
@@ -80,24 +93,26 @@ pub struct Upstream {
     pub scheme: Scheme,
     pub authority: Authority,
     pub path_and_query: PathAndQuery,
-    /// As given on the command line, for logs.
+    /// As given on the command line with its query redacted ([`redact_url`]), for logs: the
+    /// only form of the URL any line prints.
     pub display: String,
 }
 
 impl Upstream {
     pub fn parse(url: &str) -> Result<Upstream, String> {
+        let shown = redact_url(url);
         let uri: Uri = url
             .parse()
-            .map_err(|e| format!("upstream {url:?} is not a URL: {e}"))?;
+            .map_err(|e| format!("upstream {shown:?} is not a URL: {e}"))?;
         let scheme = uri
             .scheme()
             .filter(|s| **s == Scheme::HTTP || **s == Scheme::HTTPS)
             .cloned()
-            .ok_or_else(|| format!("upstream {url:?} must be http:// or https://"))?;
+            .ok_or_else(|| format!("upstream {shown:?} must be http:// or https://"))?;
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("upstream {url:?} has no host"))?;
+            .ok_or_else(|| format!("upstream {shown:?} has no host"))?;
         if authority.as_str().contains('@') {
             // The URL is not echoed: it holds a secret.
             return Err(
@@ -113,7 +128,7 @@ impl Upstream {
             scheme,
             authority,
             path_and_query,
-            display: url.to_string(),
+            display: shown,
         })
     }
 
@@ -214,6 +229,60 @@ async fn observe_and_report(cfg: &Config, host: String, rx: watch::WatchRx) {
     }
 }
 
+/// The listener's side of shutdown: started once by a signal, seen by every connection (which
+/// then finishes the exchange in hand and closes) and every GET event stream (which ends).
+struct Shutdown {
+    tx: tokio::sync::watch::Sender<bool>,
+}
+
+impl Shutdown {
+    fn new() -> Shutdown {
+        Shutdown {
+            tx: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    fn stopping(&self) -> Stopping {
+        Stopping(self.tx.subscribe())
+    }
+
+    fn begin(&self) {
+        self.tx.send_replace(true);
+    }
+}
+
+/// A view of [`Shutdown`] that connections and streams hold.
+#[derive(Clone)]
+pub(crate) struct Stopping(tokio::sync::watch::Receiver<bool>);
+
+impl Stopping {
+    /// Resolves once shutdown has begun (or the listener is gone, which is the same).
+    pub(crate) async fn stopped(mut self) {
+        let _ = self.0.wait_for(|stopping| *stopping).await;
+    }
+}
+
+/// Serves one client connection until it closes, or, once shutdown begins, until the exchange
+/// in hand is answered (hyper's graceful shutdown: no further request is read).
+async fn serve_connection(stream: tokio::net::TcpStream, fwd: Arc<forward::Forwarder>) {
+    let stopping = fwd.stopping();
+    let service = service_fn(move |req| forward::forward(fwd.clone(), req));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .auto_date_header(false)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let served = tokio::select! {
+        served = conn.as_mut() => served,
+        () = stopping.stopped() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(error = %e, "Client connection ended with an error");
+    }
+}
+
 /// Resolves when SIGINT or SIGTERM arrives, with the signal number. If the handlers cannot be
 /// installed the proxy still runs, stoppable only by SIGKILL; that is said once.
 async fn shutdown_signal() -> i32 {
@@ -291,7 +360,19 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
     }
     let watch_stats = watch_tx.as_ref().map(|w| w.stats.clone());
     let display = upstream.display.clone();
-    let fwd = Arc::new(forward::Forwarder::new(upstream, client, watch_tx));
+    let admission = admit::Admission::new(
+        local_port,
+        &format!("{}://{}", upstream.scheme, upstream.authority),
+        &cfg.allow_origins,
+    );
+    let shutdown = Shutdown::new();
+    let fwd = Arc::new(forward::Forwarder::new(
+        upstream,
+        client,
+        watch_tx,
+        admission,
+        shutdown.stopping(),
+    ));
 
     eprintln!("{PREFIX} listening http://127.0.0.1:{local_port} → {display}");
 
@@ -304,17 +385,7 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    let fwd = fwd.clone();
-                    conns.spawn(async move {
-                        let service = service_fn(move |req| forward::forward(fwd.clone(), req));
-                        let served = hyper::server::conn::http1::Builder::new()
-                            .auto_date_header(false)
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                        if let Err(e) = served {
-                            tracing::debug!(error = %e, "Client connection ended with an error");
-                        }
-                    });
+                    conns.spawn(serve_connection(stream, fwd.clone()));
                 }
                 Err(e) => {
                     // Out of descriptors and the like: say so, pause, keep serving.
@@ -325,9 +396,23 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     };
+    // New connections are refused from here on; idle ones close, GET streams end, and the
+    // exchanges in flight have until the drain deadline.
     drop(listener);
-    // Open connections (long-lived GET streams included) are closed: their bodies end, which
-    // the observer sees, and the upstream sees each of its requests closed.
+    shutdown.begin();
+    let drained = tokio::time::timeout(cfg.drain, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            connections = conns.len(),
+            drain_ms = cfg.drain.as_millis() as u64,
+            "Drain deadline passed; closing exchanges still in flight"
+        );
+    }
+    // What is left is cut: its bodies end, which the observer sees, and the upstream sees each
+    // of its requests closed.
     conns.shutdown().await;
     drop(fwd);
 
@@ -358,6 +443,7 @@ mod tests {
         assert_eq!(u.scheme, Scheme::HTTPS);
         assert_eq!(u.host(), "mcp.example.com:8443");
         assert_eq!(u.path_and_query.as_str(), "/v1/mcp?x=1");
+        assert_eq!(u.display, "https://mcp.example.com:8443/v1/mcp?<redacted>");
         assert_eq!(
             Upstream::parse("http://127.0.0.1:9")
                 .expect("valid")
@@ -373,5 +459,13 @@ mod tests {
         assert!(Upstream::parse("/mcp").is_err());
         let e = Upstream::parse("https://user:secret@example.com/mcp").expect_err("refused");
         assert!(e.contains("credentials") && !e.contains("secret"), "{e}");
+        for bad in [
+            "ftp://example.com/mcp?k=secret",
+            "http:///mcp?k=secret",
+            "http://a b?k=secret",
+        ] {
+            let e = Upstream::parse(bad).expect_err("refused");
+            assert!(!e.contains("secret"), "{e}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The batcher: the reporter's one task, shaped like a sink pipeline.
 //!
-//! `queue → filter (L3) → batched(500 events, flush interval) → encode → send with one retry →
-//! record outcome (Delivered / Errored / Rejected)`.
+//! `queue → filter (L3) → batched(500 events, 1 MiB, flush interval) → encode → send with one
+//! retry → record outcome (Delivered / Errored / Rejected) → back off while the ingest fails`.
 //!
 //! Goes in: [`Event`]s from the bounded queue the observer fills. Comes out: encoded batches
 //! handed to a [`Sink`], and [`ReportStats`]. Every failure on this path is counted and logged
@@ -12,6 +12,21 @@
 //! dead or slow ingest can never pile up sockets or tasks: while it hangs, events wait in the
 //! bounded queue and, once that is full, the newest are dropped and counted. One request at a
 //! time is also plenty: an ingest stores a 500-event batch in milliseconds.
+//!
+//! **Batch size.** A batch is sent when it holds [`MAX_BATCH_EVENTS`] events, when the next
+//! event would take its body past [`MAX_BATCH_BYTES`] (that event opens the next batch), or when
+//! its oldest event has waited the flush interval. No single event can pass the byte cap: the
+//! L3 filter bounds every field (32 captured fields of at most 64 + 128 bytes, text of at most
+//! 256), so the largest event it lets through is about 33 KB, a thirtieth of the cap (a test
+//! builds it). Were one ever larger, it would travel alone, never split or stalled.
+//!
+//! **Back-off.** A batch whose delivery failed for a reason [`is_retriable`] accepts (its one
+//! retry included) makes the next wait: [`Cooldown`] doubles the pause per failed batch from
+//! 1 s, with jitter, up to 30 s, and never below the ingest's `Retry-After` (at most 60 s); a
+//! delivered batch resets it. Meanwhile events fill the current batch, then wait in the bounded
+//! queue, then are dropped and counted like any queue overflow. The pause never delays
+//! shutdown: if it would end after the shutdown deadline, what is left is counted as dropped at
+//! once.
 //!
 //! **Drop accounting.** Every event that does not reach the sink (queue full, rejected by the
 //! L3 filter, in a failed batch) is added to a pending count that the next batch carries in its
@@ -31,11 +46,30 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::retry::{backoff, is_retriable, DeliveryError, STATUS_UNAUTHORIZED};
+use super::retry::{
+    backoff, is_retriable, retry_after_of, retry_delay, Cooldown, DeliveryError,
+    STATUS_UNAUTHORIZED,
+};
 use super::sink::{Sink, Tuning};
 use super::stats::{summarise, warn_once, FailureKind, FailureLog, ReportStats};
 pub use crate::event::BATCH_VERSION;
 use crate::event::{filter_event, BatchBody, Event, SensorInfo, MAX_BATCH_EVENTS};
+
+/// Largest body the batcher posts: a batch is sent before the next event would take it past
+/// this. 1 MiB is a quarter of the reference ingest's 4 MiB limit and the default body limit of
+/// common reverse proxies (nginx's `client_max_body_size`), so a batch is never refused (413)
+/// for its size on the way; it also bounds what one batch holds in memory and what its retry
+/// sends again. Ordinary events (a few hundred bytes) fill 500 in well under this, so the count
+/// closes most batches; this cap is met by events carrying many long captured fields.
+pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
+
+/// Room kept in [`MAX_BATCH_BYTES`] for the envelope around the events
+/// (`{"v":2,"sensor":{…},"dropped":N,"events":[` … `]}`): under 100 bytes plus the sensor
+/// version and transport. It is reserved rather than measured because `dropped` is only known
+/// when the batch is sent; 512 covers a 20-digit count with room to spare.
+const ENVELOPE_RESERVE: usize = 512;
+
+const _: () = assert!(MAX_BATCH_BYTES <= crate::ingest::DEFAULT_MAX_BODY_BYTES);
 
 /// What happened to one batch.
 #[derive(Debug)]
@@ -71,8 +105,16 @@ pub(crate) struct Batcher {
     pub(crate) buf: BatchBody,
     /// Rests this thread with the observer's on a shared CPU (see `observe::priority::Pacer`).
     pub(crate) pacer: Option<Arc<crate::observe::priority::Pacer>>,
+    /// A filtered event that would have taken the batch past [`MAX_BATCH_BYTES`]: the batch is
+    /// sent first, and this event opens the next one.
+    pub(crate) overflow: Option<Event>,
     /// Events lost since the last accepted batch; carried by the next one.
     pub(crate) pending_dropped: u64,
+    /// The pause between batches while the ingest keeps failing.
+    pub(crate) cooldown: Cooldown,
+    /// No batch is sent before this instant (set after a failed batch, cleared by a delivered
+    /// one).
+    pub(crate) resume_at: Option<Instant>,
     pub(crate) stats: ReportStats,
     pub(crate) log: FailureLog,
 }
@@ -94,14 +136,20 @@ impl Batcher {
     pub(crate) async fn run(mut self) -> ReportStats {
         let mut flush_at: Option<Instant> = None;
         loop {
+            let full = self.is_full();
+            // A full batch goes at once, a partial one when its oldest event has waited the
+            // flush interval; either only once a pending back-off is over.
+            let due = if full { Some(Instant::now()) } else { flush_at };
+            let due = due.map(|d| self.resume_at.map_or(d, |r| r.max(d)));
             let wake = tokio::select! {
                 biased;
                 _ = shutdown_requested(&mut self.deadline) => Wake::Shutdown,
-                ev = self.rx.recv() => match ev {
+                // A full batch takes no more: later events wait in the bounded queue.
+                ev = self.rx.recv(), if !full => match ev {
                     Some(ev) => Wake::Event(ev),
                     None => Wake::Closed,
                 },
-                _ = sleep_until_opt(flush_at) => Wake::FlushDue,
+                _ = sleep_until_opt(due) => Wake::FlushDue,
             };
             match wake {
                 Wake::Event(ev) => {
@@ -113,14 +161,14 @@ impl Batcher {
                         // Age-based: no event waits longer than the flush interval.
                         flush_at = Some(Instant::now() + self.flush);
                     }
-                    if self.buf.len() >= MAX_BATCH_EVENTS {
+                    if self.is_full() && !self.backing_off() {
                         self.flush().await;
-                        flush_at = None;
+                        flush_at = self.next_flush_at();
                     }
                 }
                 Wake::FlushDue => {
                     self.flush().await;
-                    flush_at = None;
+                    flush_at = self.next_flush_at();
                 }
                 Wake::Closed | Wake::Shutdown => break,
             }
@@ -133,22 +181,52 @@ impl Batcher {
         self.stats
     }
 
+    /// The batch must be sent before it takes another event: it holds [`MAX_BATCH_EVENTS`], or
+    /// the next event did not fit under [`MAX_BATCH_BYTES`].
+    fn is_full(&self) -> bool {
+        self.buf.len() >= MAX_BATCH_EVENTS || self.overflow.is_some()
+    }
+
+    /// A failed batch's back-off is still running.
+    fn backing_off(&self) -> bool {
+        self.resume_at.is_some_and(|r| r > Instant::now())
+    }
+
+    /// When the batch left after a flush (the event that overflowed the last one) is due.
+    fn next_flush_at(&self) -> Option<Instant> {
+        (!self.buf.is_empty()).then(|| Instant::now() + self.flush)
+    }
+
     /// Filters one event (L3) into the current batch; a rejected event is counted, never sent.
+    /// Called only when the batch is not full.
     fn push(&mut self, ev: Event) {
         // The typed form of `validate_and_filter_event` (proven equal to it over generated
         // events), without building a `Value` of the event first.
-        let filtered = filter_event(ev).map_err(|e| e.to_string());
-        let added = filtered.and_then(|ev| self.buf.push(&ev).map_err(|e| e.to_string()));
-        match added {
-            Ok(()) => {}
-            Err(e) => {
-                self.stats.filtered += 1;
-                self.pending_dropped += 1;
-                warn_once(&mut self.log, FailureKind::Filter, &"");
-                if self.debug {
-                    tracing::debug!(error = %e, "Event rejected by the schema filter");
-                }
-            }
+        match filter_event(ev) {
+            Ok(ev) => self.append(ev),
+            Err(e) => self.reject(&e),
+        }
+    }
+
+    /// Adds a filtered event to the batch, or holds it for the next one if it would take this
+    /// one past [`MAX_BATCH_BYTES`].
+    fn append(&mut self, ev: Event) {
+        match self
+            .buf
+            .push_within(&ev, MAX_BATCH_BYTES - ENVELOPE_RESERVE)
+        {
+            Ok(true) => {}
+            Ok(false) => self.overflow = Some(ev),
+            Err(e) => self.reject(&e),
+        }
+    }
+
+    fn reject(&mut self, e: &dyn std::fmt::Display) {
+        self.stats.filtered += 1;
+        self.pending_dropped += 1;
+        warn_once(&mut self.log, FailureKind::Filter, &"");
+        if self.debug {
+            tracing::debug!(error = %e, "Event rejected by the schema filter");
         }
     }
 
@@ -156,7 +234,7 @@ impl Batcher {
     async fn drain(&mut self) {
         self.rx.close();
         loop {
-            while self.buf.len() < MAX_BATCH_EVENTS {
+            while !self.is_full() {
                 match self.rx.try_recv() {
                     Ok(ev) => self.push(ev),
                     Err(_) => break,
@@ -165,16 +243,50 @@ impl Batcher {
             if self.buf.is_empty() {
                 break;
             }
-            if self.deadline_passed() {
-                let mut left = self.buf.len() as u64;
-                self.buf.clear();
-                while self.rx.try_recv().is_ok() {
-                    left += 1;
-                }
-                self.lose(left, None);
+            if self.deadline_passed() || !self.wait_out_backoff().await {
+                self.abandon_rest();
                 break;
             }
             self.flush().await;
+        }
+    }
+
+    /// Waits for a pending back-off to end; `false`, at once, when it would end after the
+    /// shutdown deadline: waiting would only hold the exit for a batch that cannot be sent.
+    async fn wait_out_backoff(&mut self) -> bool {
+        let Some(resume) = self.resume_at else {
+            return true;
+        };
+        loop {
+            if matches!(*self.deadline.borrow_and_update(), Some(d) if resume >= d) {
+                return false;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(resume) => return true,
+                changed = self.deadline.changed() => {
+                    if changed.is_err() {
+                        // The handle is gone: no deadline can come any more.
+                        tokio::time::sleep_until(resume).await;
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts everything not yet sent (the batch, its overflow, the queue) as lost to the
+    /// shutdown deadline.
+    fn abandon_rest(&mut self) {
+        let mut left = self.buf.len() as u64 + u64::from(self.overflow.is_some());
+        self.buf.clear();
+        self.overflow = None;
+        while self.rx.try_recv().is_ok() {
+            left += 1;
+        }
+        self.lose(left, None);
+        if left > 0 {
+            self.stats.deadline_hit = true;
+            warn_once(&mut self.log, FailureKind::Deadline, &"");
         }
     }
 
@@ -186,6 +298,10 @@ impl Batcher {
     /// was revoked).
     async fn flush(&mut self) {
         self.flush_inner().await;
+        if let Some(ev) = self.overflow.take() {
+            // The batch is empty now, and an empty batch takes any event.
+            self.append(ev);
+        }
         self.publish();
     }
 
@@ -236,13 +352,27 @@ impl Batcher {
                 self.stats.delivered += n;
                 self.stats.batches += 1;
                 self.pending_dropped = 0;
+                self.cooldown.succeeded();
+                self.resume_at = None;
+            }
+            Outcome::Errored(e) => {
+                // The ingest is failing: the next batch waits (never less than it asked).
+                let pause = self.cooldown.failed(retry_after_of(&e));
+                self.resume_at = Some(Instant::now() + pause);
+                if self.debug {
+                    tracing::debug!(
+                        pause_ms = pause.as_millis() as u64,
+                        "Backing off before the next batch"
+                    );
+                }
+                self.lose(n, Some(Outcome::Errored(e)));
             }
             other => self.lose(n, Some(other)),
         }
     }
 
-    /// One delivery: an attempt, one jittered retry if [`is_retriable`] says so, all of it
-    /// abandoned if the shutdown deadline passes first.
+    /// One delivery: an attempt, one jittered retry if [`is_retriable`] says so (no sooner than
+    /// the ingest's `Retry-After`), all of it abandoned if the shutdown deadline passes first.
     async fn send(&mut self, body: &Bytes) -> Outcome {
         let Some(sink) = self.sink.as_ref() else {
             return Outcome::Abandoned;
@@ -251,6 +381,7 @@ impl Batcher {
         let attempt = (|| sink.send_once(body))
             .retry(backoff(self.tuning.retry_delay))
             .when(is_retriable)
+            .adjust(retry_delay)
             .notify(|_, _| retries += 1);
         let result = tokio::select! {
             r = attempt => Some(r),
@@ -353,4 +484,226 @@ async fn sleep_until_opt(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::privacy::{MAX_FIELDS, MAX_KEY_LEN, MAX_VALUE_LEN};
+    use crate::event::{
+        filter::MAX_TEXT_LEN, new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, ErrKind,
+        EventClass, EventErr, Rec, Session,
+    };
+    use crate::report::sink::FileSink;
+    use serde_json::{Map, Value};
+
+    /// An event whose every field is as long as the L3 filter allows, in the characters JSON
+    /// escapes the most: `"` (two bytes) in text, control characters (six bytes: `\u0001`) in
+    /// captured values.
+    fn largest_event() -> Event {
+        let text = |n: usize| "\"".repeat(n);
+        let mut fields = Map::new();
+        for i in 0..MAX_FIELDS {
+            let key = format!("{i:02}{}", "\"".repeat(MAX_KEY_LEN - 2));
+            fields.insert(key, Value::String("\u{1}".repeat(MAX_VALUE_LEN)));
+        }
+        Event {
+            v: 2,
+            id: "f".repeat(64),
+            ts: rfc3339_ms(std::time::SystemTime::now()),
+            class: EventClass::Error,
+            rec: Rec {
+                rail: "mcp".into(),
+                action: text(MAX_TEXT_LEN),
+                registry_version: Some("a".repeat(64)),
+                fields: Some(fields),
+            },
+            dest: Dest {
+                host: text(MAX_TEXT_LEN).into(),
+                path_template: format!("/{}", text(MAX_TEXT_LEN - 1)),
+                method: "POST".into(),
+            },
+            actor: Actor {
+                id: text(MAX_TEXT_LEN).into(),
+                kind: "agent".into(),
+                grade: "attested".into(),
+            },
+            on_behalf_of: Some(text(MAX_TEXT_LEN)),
+            status: 599,
+            dur_ms: f64::MAX,
+            bytes: ByteSizes {
+                req: u64::MAX,
+                resp: u64::MAX,
+            },
+            session: Some(Session {
+                id: text(MAX_TEXT_LEN).into(),
+                protocol: Some(text(MAX_TEXT_LEN).into()),
+                client: Some(text(MAX_TEXT_LEN).into()),
+            }),
+            err: Some(EventErr {
+                kind: ErrKind::Transport,
+                code: Some(i64::MIN),
+            }),
+        }
+    }
+
+    /// An ordinary-looking event with 32 captured fields of 128 bytes each (about 5 KB
+    /// encoded): 500 of them would make a 2.5 MB body.
+    fn wide_event() -> Event {
+        let mut ev = largest_event();
+        ev.id = new_event_id();
+        ev.rec.action = "issue_refund".into();
+        ev.dest.host = "mcp://payments".into();
+        ev.dest.path_template = "/issue_refund".into();
+        ev.actor.id = "mcp:k1".into();
+        ev.on_behalf_of = None;
+        ev.session = None;
+        let value: String = ('a'..='z').cycle().take(MAX_VALUE_LEN).collect();
+        ev.rec.fields = Some(
+            (0..MAX_FIELDS)
+                .map(|i| (format!("note_{i:02}"), Value::String(value.clone())))
+                .collect(),
+        );
+        ev
+    }
+
+    #[test]
+    fn largest_event_the_filter_admits_is_far_below_the_byte_cap() {
+        let kept = filter_event(largest_event()).expect("every field is within its bound");
+        assert_eq!(
+            kept.rec.fields.as_ref().map(Map::len),
+            Some(MAX_FIELDS),
+            "every captured field passed, so the bound below is the real worst case"
+        );
+        let size = serde_json::to_vec(&kept).expect("encodes").len();
+        assert!(
+            size * 16 < MAX_BATCH_BYTES - ENVELOPE_RESERVE,
+            "an event of {size} bytes must not come near the cap"
+        );
+        let mut body = BatchBody::default();
+        let sensor = SensorInfo {
+            version: "0".repeat(64),
+            transport: "stdio".into(),
+        };
+        body.push(&kept).expect("encodes");
+        let batch = body.take(&sensor, u64::MAX).expect("encodes");
+        assert!(
+            batch.len() - size <= ENVELOPE_RESERVE,
+            "the envelope fits its reserve"
+        );
+    }
+
+    fn batcher(sink: Option<Sink>, rx: mpsc::Receiver<Event>, deadline: Deadline) -> Batcher {
+        let tuning = Tuning::default();
+        Batcher {
+            rx,
+            queue_dropped: Arc::default(),
+            sink,
+            flush: Duration::from_secs(600),
+            transport: "stdio",
+            debug: false,
+            tuning,
+            deadline,
+            published: Arc::default(),
+            buf: BatchBody::default(),
+            pacer: None,
+            overflow: None,
+            pending_dropped: 0,
+            cooldown: Cooldown::new(tuning.cooldown_min, tuning.cooldown_max),
+            resume_at: None,
+            stats: ReportStats::default(),
+            log: FailureLog::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_close_before_the_byte_cap_and_lose_no_event() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("events.jsonl");
+        let n = 1200;
+        let (tx, rx) = mpsc::channel(n);
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            let ev = wide_event();
+            ids.push(ev.id.clone());
+            tx.try_send(ev).expect("room");
+        }
+        drop(tx);
+        let (_deadline_tx, deadline) = watch::channel(None);
+        let sink = Sink::File(FileSink::new(path.clone()));
+        let stats = batcher(Some(sink), rx, deadline).run().await;
+
+        let text = std::fs::read_to_string(&path).expect("batches written");
+        let mut got = Vec::new();
+        let mut sizes = Vec::new();
+        for line in text.lines() {
+            sizes.push(line.len());
+            let batch: Value = serde_json::from_str(line).expect("a batch is JSON");
+            for e in batch["events"].as_array().expect("events") {
+                assert_eq!(e["rec"]["fields"].as_object().map(Map::len), Some(32));
+                got.push(e["id"].as_str().expect("id").to_string());
+            }
+        }
+        assert!(
+            sizes.iter().all(|&s| s <= MAX_BATCH_BYTES),
+            "batch sizes {sizes:?}"
+        );
+        assert!(
+            sizes.len() >= 6,
+            "1200 wide events need 6+ batches: {sizes:?}"
+        );
+        assert_eq!(got, ids, "every event once, in order");
+        assert_eq!(stats.delivered, n as u64);
+        assert_eq!(stats.dropped, 0);
+    }
+
+    // Real time, not `tokio::time::pause()`: that needs tokio's `test-util` feature, which this
+    // crate does not build; the waits here are short and the bounds loose.
+    #[tokio::test]
+    async fn shutdown_during_a_back_off_past_the_deadline_gives_up_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tx, rx) = mpsc::channel(16);
+        for _ in 0..3 {
+            tx.try_send(wide_event()).expect("room");
+        }
+        let start = Instant::now();
+        let (deadline_tx, deadline) = watch::channel(Some(start + Duration::from_secs(2)));
+        let sink = Sink::File(FileSink::new(dir.path().join("events.jsonl")));
+        let mut b = batcher(Some(sink), rx, deadline);
+        b.resume_at = Some(start + COOLDOWN_WAIT);
+        let stats = b.run().await;
+        drop(deadline_tx);
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "gave up at once, took {took:?}"
+        );
+        assert_eq!(stats.delivered, 0);
+        assert_eq!(stats.dropped, 3);
+        assert!(stats.deadline_hit);
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_out_a_back_off_that_ends_before_the_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("events.jsonl");
+        let (tx, rx) = mpsc::channel(16);
+        for _ in 0..3 {
+            tx.try_send(wide_event()).expect("room");
+        }
+        let start = Instant::now();
+        let (_deadline_tx, deadline) = watch::channel(Some(start + Duration::from_secs(10)));
+        let mut b = batcher(Some(Sink::File(FileSink::new(path))), rx, deadline);
+        b.resume_at = Some(start + Duration::from_millis(300));
+        let stats = b.run().await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(300),
+            "the back-off held"
+        );
+        assert_eq!(stats.delivered, 3);
+        assert!(!stats.deadline_hit);
+    }
+
+    /// A back-off far longer than any shutdown deadline.
+    const COOLDOWN_WAIT: Duration = Duration::from_secs(30);
 }

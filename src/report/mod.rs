@@ -11,17 +11,22 @@
 //!
 //! * [`EventQueue`]: bounded ([`QUEUE_CAPACITY`]); when full the newest event is dropped and
 //!   counted, and the count travels in the next batch's `dropped`.
-//! * [`batch`]: the batcher task: L3 filter → batches of ≤ 500 events or whatever is queued
-//!   after the flush interval → send with one retry → Delivered / Errored / Rejected. At most
+//! * [`batch`]: the batcher task: L3 filter → batches of ≤ 500 events and ≤ 1 MiB
+//!   ([`MAX_BATCH_BYTES`]) or whatever is queued after the flush interval → send with one
+//!   retry → Delivered / Errored / Rejected → back off while the ingest keeps failing. At most
 //!   one request in flight (why: see [`batch`]).
-//! * [`retry`]: [`retry::is_retriable`], the one classification of what is worth a retry.
+//! * [`retry`]: [`retry::is_retriable`], the one classification of what is worth a retry, and
+//!   the waits: the retry's delay, the ingest's `Retry-After` (capped at 60 s) and the back-off
+//!   between failing batches (1 s doubling to at most 30 s).
 //! * [`sink`]: the HTTP(S) and `file:` sinks, timeouts, TLS, no gzip (why: see [`sink`]).
 //! * [`stats`]: counters and the stderr discipline (each kind of failure once, then a summary).
 //!
 //! Shutdown is explicit: [`ReporterHandle::shutdown`] sets a deadline (`shutdown_flush`,
 //! default 2 s); the batcher flushes what is queued until then, and whatever is still unsent
-//! (including a request in flight to a dead ingest) is abandoned and counted. A dead ingest can
-//! therefore delay the wrapper's exit by at most that deadline.
+//! (including a request in flight to a dead ingest, or a retry waiting out `Retry-After`) is
+//! abandoned and counted; a back-off between batches that would outlast the deadline is not
+//! waited for at all. A dead ingest can therefore delay the wrapper's exit by at most that
+//! deadline.
 
 pub mod batch;
 pub mod retry;
@@ -39,6 +44,7 @@ use crate::config::IngestTarget;
 use crate::event::{Event, EventSink};
 use crate::token::SensorToken;
 
+pub use batch::MAX_BATCH_BYTES;
 pub use sink::{Tuning, CONNECT_TIMEOUT, EVENTS_PATH, REQUEST_TIMEOUT};
 pub use stats::ReportStats;
 
@@ -47,7 +53,9 @@ pub use stats::ReportStats;
 /// 10,000 events is 20 full batches: enough to ride out a black-holed ingest holding the single
 /// in-flight request for a whole retry cycle (2 × [`REQUEST_TIMEOUT`] + backoff ≈ 20 s) at
 /// 500 tool calls per second without losing one, while bounding the memory a dead ingest can
-/// cost to a few MB (an event is a few hundred bytes of metadata).
+/// cost to a few MB (an event is a few hundred bytes of metadata). A longer outage, with its
+/// back-off between batches (up to 30 s, or a `Retry-After` up to 60 s), drops the newest
+/// events and counts them.
 pub const QUEUE_CAPACITY: usize = 10_000;
 
 /// Extra time the handle gives the batcher past the deadline to hand back its totals before
@@ -156,7 +164,10 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         published,
         buf: Default::default(),
         pacer: cfg.pacer.clone(),
+        overflow: None,
         pending_dropped: 0,
+        cooldown: retry::Cooldown::new(tuning.cooldown_min, tuning.cooldown_max),
+        resume_at: None,
         stats: ReportStats::default(),
         log: stats::FailureLog::default(),
     };

@@ -1,15 +1,16 @@
 //! Where an encoded batch goes: the ingest over HTTP(S), or a local JSON-lines file.
 //!
 //! Owns one delivery attempt: [`Sink::send_once`] takes the bytes of one batch and returns `Ok`
-//! or a [`DeliveryError`]. Retrying, counting and logging belong to the batcher
+//! or a [`DeliveryError`] (which carries the ingest's `Retry-After` on a 429 or 503, parsed by
+//! [`super::retry::status_error`]). Retrying, waiting, counting and logging belong to the batcher
 //! ([`super::batch`]). It must never log or echo the token, never follow a redirect (a redirect
 //! could carry the bearer token to another host), never use a proxy from the process
 //! environment, and never open a socket before the first batch is sent.
 //!
 //! **HTTP**: `POST <base>/v1/events`, `Authorization: Bearer <token>`,
 //! `Content-Type: application/json`, HTTP/1.1 with keep-alive (one idle connection kept).
-//! Bodies are **not gzipped**: a batch is at most 500 metadata-only events (tens of KB, rarely a
-//! few hundred), the default ingest is on loopback where compression only costs CPU on the host
+//! Bodies are **not gzipped**: a batch is at most 500 metadata-only events and 1 MiB (usually
+//! tens of KB), the default ingest is on loopback where compression only costs CPU on the host
 //! we must not disturb, and an uncompressed body keeps the ingest free of decompression-bomb
 //! handling and its body limit (413) meaningful.
 //!
@@ -27,9 +28,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
-use super::retry::DeliveryError;
+use super::retry::{status_error, DeliveryError};
 use crate::token::SensorToken;
 
 /// Path the batches are posted to, under the ingest base (DESIGN §4).
@@ -52,14 +53,18 @@ pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// Idle connections kept to the ingest: one, since at most one request is ever in flight.
 const POOL_IDLE_PER_HOST: usize = 1;
 
-/// Timeouts of the HTTP sink; [`Default`] is what the wrapper uses. Tests shorten them so that
-/// a black-holed ingest can be exercised in seconds.
+/// Timeouts and waits of delivery; [`Default`] is what the wrapper uses. Tests shorten them so
+/// that a black-holed or failing ingest can be exercised in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     /// Base delay before the single retry (jitter adds up to the same again).
     pub retry_delay: Duration,
+    /// First pause between batches after one failed (see [`super::retry::Cooldown`]).
+    pub cooldown_min: Duration,
+    /// Longest pause between batches, jitter included.
+    pub cooldown_max: Duration,
 }
 
 impl Default for Tuning {
@@ -68,6 +73,8 @@ impl Default for Tuning {
             connect_timeout: CONNECT_TIMEOUT,
             request_timeout: REQUEST_TIMEOUT,
             retry_delay: super::retry::RETRY_DELAY,
+            cooldown_min: super::retry::COOLDOWN_MIN,
+            cooldown_max: super::retry::COOLDOWN_MAX,
         }
     }
 }
@@ -89,7 +96,7 @@ impl Sink {
 
     pub(crate) fn describe(&self) -> String {
         match self {
-            Sink::Http(s) => s.url.clone(),
+            Sink::Http(s) => crate::log::redact_url(&s.url),
             Sink::File(f) => format!("file:{}", f.path.display()),
         }
     }
@@ -157,6 +164,12 @@ impl HttpSink {
             .await
             .map_err(classify)?;
         let status = resp.status();
+        // Outside input: a header that is not visible ASCII is treated as absent.
+        let retry_after = resp
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         // Read (a bounded amount of) the answer so the connection can be reused; a failure
         // here does not change the outcome the status already decided.
         let mut read = 0usize;
@@ -169,7 +182,11 @@ impl HttpSink {
         if status.is_success() {
             Ok(())
         } else {
-            Err(DeliveryError::Status(status.as_u16()))
+            Err(status_error(
+                status.as_u16(),
+                retry_after.as_deref(),
+                std::time::SystemTime::now(),
+            ))
         }
     }
 }

@@ -69,6 +69,8 @@ impl FailureKind {
             DeliveryError::Status(429) => FailureKind::RateLimited,
             DeliveryError::Status(s) if *s >= 500 => FailureKind::ServerError,
             DeliveryError::Status(_) => FailureKind::Rejected,
+            DeliveryError::Throttled { status: 429, .. } => FailureKind::RateLimited,
+            DeliveryError::Throttled { .. } => FailureKind::ServerError,
             DeliveryError::File(_) => FailureKind::File,
             DeliveryError::Encode(_) => FailureKind::Encode,
         }
@@ -186,5 +188,11 @@ mod tests {
             FailureKind::of(&DeliveryError::Status(429)),
             FailureKind::RateLimited
         );
+        let throttled = |status| DeliveryError::Throttled {
+            status,
+            retry_after: std::time::Duration::from_secs(1),
+        };
+        assert_eq!(FailureKind::of(&throttled(429)), FailureKind::RateLimited);
+        assert_eq!(FailureKind::of(&throttled(503)), FailureKind::ServerError);
     }
 }

@@ -1,6 +1,7 @@
 //! A real loopback ingest for reporter tests: an HTTP/1.1 server on 127.0.0.1:0 that records
 //! every request and connection, and can be scripted to fail: answer a status for the next N
-//! requests, answer a status always, or black-hole (accept TCP, never read or answer).
+//! requests, answer a status always (either with a `Retry-After`), or black-hole (accept TCP,
+//! never read or answer). It notes when each request arrived.
 //! Also: synthetic events, the batch schema validator, and bounded waiting.
 
 #![allow(dead_code)]
@@ -25,6 +26,8 @@ use tokio::net::{TcpListener, TcpStream};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reply {
     Status(u16),
+    /// A status with a `Retry-After` header of this value.
+    Throttle(u16, &'static str),
     /// Accept the TCP connection, never read from it, never answer, never close it.
     BlackHole,
 }
@@ -40,6 +43,8 @@ pub struct Received {
     pub body: Vec<u8>,
     /// The status this server answered.
     pub status: u16,
+    /// When its body had been read (before it was answered).
+    pub at: Instant,
 }
 
 impl Received {
@@ -62,7 +67,7 @@ impl Received {
 #[derive(Default)]
 struct State {
     /// Replies for the next requests, in order; then `default`.
-    plan: Mutex<VecDeque<u16>>,
+    plan: Mutex<VecDeque<Reply>>,
     default: Mutex<Option<Reply>>,
     requests: Mutex<Vec<Received>>,
     connections: AtomicUsize,
@@ -120,7 +125,12 @@ impl TestIngest {
     }
     /// The next `statuses.len()` requests get these statuses, in order.
     pub fn fail_next(&self, statuses: &[u16]) {
-        self.state.plan.lock().unwrap().extend(statuses);
+        let replies = statuses.iter().map(|&s| Reply::Status(s));
+        self.state.plan.lock().unwrap().extend(replies);
+    }
+    /// The next `replies.len()` requests get these replies, in order.
+    pub fn reply_next(&self, replies: &[Reply]) {
+        self.state.plan.lock().unwrap().extend(replies);
     }
     /// From now on, every request gets `reply` (a black hole applies to new connections).
     pub fn always(&self, reply: Reply) {
@@ -170,13 +180,13 @@ async fn answer(st: &State, req: Request<Incoming>) -> Response<Full<Bytes>> {
         .await
         .map(|b| b.to_bytes().to_vec())
         .unwrap_or_default();
+    let at = Instant::now();
     let planned = st.plan.lock().unwrap().pop_front();
-    let status = match planned {
-        Some(s) => s,
-        None => match st.default.lock().unwrap().unwrap_or(Reply::Status(200)) {
-            Reply::Status(s) => s,
-            Reply::BlackHole => 200,
-        },
+    let reply = planned.unwrap_or_else(|| st.default.lock().unwrap().unwrap_or(Reply::Status(200)));
+    let (status, retry_after) = match reply {
+        Reply::Status(s) => (s, None),
+        Reply::Throttle(s, after) => (s, Some(after)),
+        Reply::BlackHole => (200, None),
     };
     let n = serde_json::from_slice::<Value>(&body)
         .ok()
@@ -190,13 +200,16 @@ async fn answer(st: &State, req: Request<Incoming>) -> Response<Full<Bytes>> {
         content_encoding,
         body,
         status,
+        at,
     });
     let answer = json!({"accepted": n, "rejected": 0, "duplicates": 0}).to_string();
-    Response::builder()
+    let mut resp = Response::builder()
         .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(answer)))
-        .expect("response")
+        .header("content-type", "application/json");
+    if let Some(after) = retry_after {
+        resp = resp.header("retry-after", after);
+    }
+    resp.body(Full::new(Bytes::from(answer))).expect("response")
 }
 
 /// A port nothing listens on: bound, then released.

@@ -1,12 +1,14 @@
 //! The forwarding path: one client request in, the same request to the upstream, its response
 //! back — headers filtered for hop-by-hop only, bodies streamed frame by frame.
 //!
-//! Owns the header policy, the upstream URI mapping, the 502 for an unreachable upstream, and
+//! Owns the header policy, the upstream URI mapping, the 502 for an unreachable upstream, the
+//! refusal of requests [`Admission`] does not admit (before anything reaches the upstream), and
 //! [`TeeBody`], the body wrapper that hands each forwarded chunk's `Bytes` copy to the
 //! observation channel after passing it on. Goes in: a hyper request. Comes out: a hyper
 //! response whose body yields the upstream's frames as they arrive. It must never buffer a
 //! body, add a header the upstream did not send, parse JSON, or wait on the observer.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,8 +24,9 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
+use super::admit::{Admission, Refusal};
 use super::watch::{BodyEnd, ReqKind, WatchMsg, WatchTx};
-use super::Upstream;
+use super::{Stopping, Upstream};
 use crate::tap::Direction;
 
 /// `Mcp-Session-Id`: names the session the observer scopes correlation by (hashed there).
@@ -56,17 +59,34 @@ pub struct Forwarder {
     pub client: UpstreamClient,
     /// `None` with the kill switch: no observation at all.
     pub watch: Option<WatchTx>,
+    /// Which requests may reach the upstream (`Host`, `Origin`); kept with the kill switch.
+    admission: Admission,
+    /// Ends GET event streams when the listener stops.
+    stopping: Stopping,
     next_exchange: AtomicU64,
 }
 
 impl Forwarder {
-    pub fn new(upstream: Upstream, client: UpstreamClient, watch: Option<WatchTx>) -> Self {
+    pub(crate) fn new(
+        upstream: Upstream,
+        client: UpstreamClient,
+        watch: Option<WatchTx>,
+        admission: Admission,
+        stopping: Stopping,
+    ) -> Self {
         Forwarder {
             upstream,
             client,
             watch,
+            admission,
+            stopping,
             next_exchange: AtomicU64::new(1),
         }
+    }
+
+    /// The listener's shutdown, as a connection waits for it.
+    pub(crate) fn stopping(&self) -> Stopping {
+        self.stopping.clone()
     }
 }
 
@@ -87,9 +107,17 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The response body the client reads: the upstream's (teed), or the proxy's own 502.
+/// The response body the client reads: the upstream's (teed), or the proxy's own answer.
 pub enum ProxyBody {
     Upstream(TeeBody),
+    /// The upstream's answer to a GET that is an event stream: the server→client channel,
+    /// open for the whole session, not a call in flight. It ends as soon as the listener stops
+    /// (a clean end, as when a server closes its stream; the client may resume elsewhere with
+    /// `Last-Event-ID`) rather than holding the shutdown until the drain deadline.
+    Stream {
+        body: TeeBody,
+        stopped: Pin<Box<dyn Future<Output = ()> + Send>>,
+    },
     Full(Option<Bytes>),
 }
 
@@ -101,22 +129,31 @@ impl Body for ProxyBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
+        let this = self.get_mut();
+        match this {
             ProxyBody::Upstream(b) => Pin::new(b).poll_frame(cx),
+            ProxyBody::Stream { body, stopped } => {
+                if stopped.as_mut().poll(cx).is_ready() {
+                    // Dropping the upstream body closes the upstream's stream at once.
+                    *this = ProxyBody::Full(None);
+                    return Poll::Ready(None);
+                }
+                Pin::new(body).poll_frame(cx)
+            }
             ProxyBody::Full(b) => Poll::Ready(b.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ProxyBody::Upstream(b) => b.is_end_stream(),
+            ProxyBody::Upstream(b) | ProxyBody::Stream { body: b, .. } => b.is_end_stream(),
             ProxyBody::Full(b) => b.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ProxyBody::Upstream(b) => b.size_hint(),
+            ProxyBody::Upstream(b) | ProxyBody::Stream { body: b, .. } => b.size_hint(),
             ProxyBody::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }
@@ -349,12 +386,38 @@ fn plain(status: StatusCode, msg: &'static str) -> Response<ProxyBody> {
     resp
 }
 
+/// The answer to a request that is not admitted. The connection is closed after it: the
+/// request's body is never read, and a refused peer gets no kept-alive connection.
+fn refused(refusal: Refusal) -> Response<ProxyBody> {
+    let mut resp = plain(refusal.status(), refusal.message());
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// Whether a response is an event stream; a GET's is the session's stream (see
+/// [`ProxyBody::Stream`]).
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).is_some_and(|ct| {
+        let ct = ct.as_bytes();
+        ct.split(|&b| b == b';')
+            .next()
+            .unwrap_or(ct)
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"text/event-stream")
+    })
+}
+
 /// Forwards one request. Never fails: an upstream failure is the client's 502.
 pub async fn forward(
     fwd: Arc<Forwarder>,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let (mut parts, body) = req.into_parts();
+    // First, before an exchange exists: a refused request is neither forwarded nor observed.
+    if let Err(refusal) = fwd.admission.check(&parts.uri, &parts.headers) {
+        return Ok(refused(refusal));
+    }
     let uri = match upstream_uri(&fwd.upstream, &parts.uri) {
         Ok(u) => u,
         Err(_) => return Ok(plain(StatusCode::BAD_REQUEST, "Bad Request\n")),
@@ -420,10 +483,16 @@ pub async fn forward(
                 gap: false,
                 copy,
             });
-            Ok(Response::from_parts(
-                parts,
-                ProxyBody::Upstream(TeeBody::new(body, tee)),
-            ))
+            let body = TeeBody::new(body, tee);
+            let body = if kind == ReqKind::Get && is_event_stream(&parts.headers) {
+                ProxyBody::Stream {
+                    body,
+                    stopped: Box::pin(fwd.stopping.clone().stopped()),
+                }
+            } else {
+                ProxyBody::Upstream(body)
+            };
+            Ok(Response::from_parts(parts, body))
         }
         Err(e) => {
             tracing::warn!(

@@ -5,6 +5,11 @@
 //! and turning an exit status or a spawn error into the wrapper's exit code. In: a program and
 //! its arguments. Out: a [`ChildGroup`] handle, pipes for the relay, exit codes.
 //!
+//! The server's environment is ours minus every `BOUNDED_*` variable ([`server_command`]), on
+//! every path that starts it: observed, unobserved, and the kill switch's `exec`. The server is
+//! often third-party code, and a sensor token in its environment would let it forge events as
+//! the token's org (invariant 9). `OTEL_*` and everything else pass unchanged.
+//!
 //! Signalling the group by pgid is only safe while that pgid cannot name an unrelated process:
 //! the child is reaped *last*, after every signal we send, so its pid (= the pgid) stays
 //! reserved by the zombie for as long as we may signal it. Must never signal after reaping.
@@ -20,6 +25,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::Pid;
 
+use crate::config::is_sensor_env;
 use crate::log::PREFIX;
 
 /// Exit code when the server command does not exist (the shell's convention).
@@ -94,6 +100,26 @@ pub struct Spawned {
     pub stdout: ChildStdout,
 }
 
+/// The command that starts the server: `program args…` with the process's environment minus
+/// every variable [`crate::config::is_sensor_env`] calls ours.
+///
+/// Only the process environment is filtered. The map the library is configured from
+/// ([`crate::Env`]) is never given to the server, so nothing in it can reach the server except
+/// through the process environment, which this filters by prefix: a parent CLI that passes a
+/// token only in the map never exposes it, and one that also exported it is covered here.
+/// Filtering by the map's names as well would add nothing for `BOUNDED_*` names and would wrongly
+/// hide from the server the shared variables a parent may pass in it (`OTEL_*`).
+fn server_command(program: &OsString, args: &[OsString]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    for (name, _) in std::env::vars_os() {
+        if is_sensor_env(&name) {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd
+}
+
 /// Starts the server with piped stdin/stdout, inherited stderr, in its own process group, with
 /// a death signal tied to the calling thread.
 ///
@@ -103,9 +129,8 @@ pub struct Spawned {
 pub fn spawn(program: &OsString, args: &[OsString]) -> io::Result<Spawned> {
     // Captured before fork: in the child, getppid() must still name us, else we died meanwhile.
     let parent = std::process::id() as libc::pid_t;
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .stdin(Stdio::piped())
+    let mut cmd = server_command(program, args);
+    cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         // Own process group: signals reach grandchildren (npx, shell wrappers), and a Ctrl-C
@@ -218,9 +243,10 @@ impl ChildGroup {
 }
 
 /// Kill switch (invariant 7): replaces this process with the server (same pid, same fds, no
-/// thread, no tap, no socket). Returns only if exec failed, with 127/126 after one message.
+/// thread, no tap, no socket; the environment without `BOUNDED_*`, as on every other path).
+/// Returns only if exec failed, with 127/126 after one message.
 pub fn exec_passthrough(program: &OsString, args: &[OsString]) -> i32 {
-    let err = Command::new(program).args(args).exec();
+    let err = server_command(program, args).exec();
     let (code, msg) = spawn_error_code(program, &err);
     // Logging is deliberately not initialised on this path; plain stderr with our prefix.
     eprintln!("{PREFIX} error: {msg}");
