@@ -13,8 +13,11 @@
 //!   `delay` tool that answers in JSON after `arguments.ms` (default 1000); a `hang` tool whose
 //!   stream never ends (and counts when its reader goes away); a GET stream on `/mcp` that
 //!   never ends either (counted the same way); 25 MB bodies both ways; a gzip body; a
-//!   body-less 202; 404 for an unknown session; a non-2xx answer; header echo. `GET /stats`
-//!   reports what it observed.
+//!   body-less 202; 404 for an unknown session; a non-2xx answer; answers the proxy cannot read
+//!   (no content type, `text/plain`, over its 32 MiB cap); header echo. `GET /stats` reports
+//!   what it observed. It reads JSON as a JavaScript server does: a duplicated key keeps its
+//!   last value, and a numeric id comes back as the number it parsed to (`"id": 1.0` is
+//!   answered with `"id": 1`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,6 +42,9 @@ use serde_json::{json, Value};
 
 /// Size of the large bodies: the proxy must relay 25 MB.
 const BIG: usize = 25 * 1024 * 1024;
+
+/// Size of the `huge` answer: over the proxy's 32 MiB cap on an observed body.
+const HUGE: usize = 33 * 1024 * 1024;
 
 /// The pause between the first SSE event and the result in the `slow` tool.
 const SLOW_PAUSE: Duration = Duration::from_secs(1);
@@ -103,7 +109,29 @@ struct Stats {
 }
 
 fn rpc_result(id: &Value, result: Value) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "result": result})
+    json!({"jsonrpc": "2.0", "id": js_id(id), "result": result})
+}
+
+/// The id as `JSON.stringify(JSON.parse(...))` writes it back: a number with an integral value
+/// loses its fraction and exponent (`1.0`, `1e0` → `1`).
+fn js_id(id: &Value) -> Value {
+    match id.as_f64() {
+        Some(f) if id.is_f64() && f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+            json!(f as i64)
+        }
+        _ => id.clone(),
+    }
+}
+
+/// A 200 whose body is a JSON-RPC result but whose content type (if any) is not JSON.
+fn typed_response(content_type: Option<&'static str>, id: &Value) -> Response {
+    let body = rpc_result(id, json!({"content": [{"type": "text", "text": "ok"}]}));
+    let mut r = Response::new(Body::from(body.to_string()));
+    if let Some(ct) = content_type {
+        r.headers_mut()
+            .insert("content-type", HeaderValue::from_static(ct));
+    }
+    r
 }
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
@@ -220,6 +248,17 @@ async fn raw_mcp(State(stats): State<Arc<Stats>>, headers: HeaderMap, body: Byte
                             .into_bytes(),
                     )
                 }
+                "huge" => {
+                    let text = "x".repeat(HUGE);
+                    json_response(
+                        StatusCode::OK,
+                        rpc_result(&id, json!({"content": [{"type": "text", "text": text}]}))
+                            .to_string()
+                            .into_bytes(),
+                    )
+                }
+                "untyped" => typed_response(None, &id),
+                "plain" => typed_response(Some("text/plain"), &id),
                 "delay" => {
                     let ms = msg
                         .pointer("/params/arguments/ms")

@@ -855,14 +855,25 @@ where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    observed_with(upstream, &[], drive).await
+}
+
+/// [`observed`] with more command-line arguments for the proxy.
+async fn observed_with<F, Fut>(
+    upstream: &str,
+    extra: &[&str],
+    drive: F,
+) -> (Vec<Value>, String, String)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let dir = tempfile::tempdir().expect("tempdir");
     let sink = dir.path().join("events.jsonl");
     let ingest = format!("file:{}", sink.display());
-    let mut proxy = Proxy::start(
-        upstream,
-        &[("BOUNDED_FLUSH_MS", "20")],
-        &["--ingest", &ingest],
-    );
+    let mut args = vec!["--ingest", &ingest];
+    args.extend_from_slice(extra);
+    let mut proxy = Proxy::start(upstream, &[("BOUNDED_FLUSH_MS", "20")], &args);
     drive(proxy.url("/mcp")).await;
     assert_eq!(proxy.signal(libc::SIGTERM), 128 + libc::SIGTERM);
     let stderr = proxy.stderr.lock().expect("lock").clone();
@@ -1066,6 +1077,160 @@ async fn port_flag_and_env_choose_the_listening_port() {
     let port = free_port();
     let proxy = Proxy::start(&fx.url, &[("BOUNDED_MCP_PORT", &port.to_string())], &[]);
     assert_eq!(proxy.port, port);
+}
+
+/// The value of `name=<n>` in the `--debug` exit totals on stderr.
+fn debug_total(stderr: &str, name: &str) -> Option<u64> {
+    let key = format!(" {name}=");
+    stderr
+        .lines()
+        .filter(|l| l.contains("totals"))
+        .find_map(|l| {
+            let rest = &l[l.find(&key)? + key.len()..];
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+}
+
+/// Short against the fixture's answers, long enough that a call left open would be reported as
+/// a 504 while the test still runs.
+const SHORT_CALL_TIMEOUT_MS: &str = "300";
+
+/// Answers the proxy cannot read — no content type, another content type, compressed —
+/// succeeded for the client: their calls make no event (a 504 would be a false failure) and are
+/// counted as unobserved, with and without a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_response_is_unobserved_not_a_timeout() {
+    let fx = Fixture::start("raw");
+    let tools = ["untyped", "plain", "gzip"];
+    let extra = ["--call-timeout-ms", SHORT_CALL_TIMEOUT_MS, "--debug"];
+    let (events, _, stderr) = observed_with(&fx.url, &extra, |url| async move {
+        let c = client();
+        let in_session: Vec<(&str, &str)> = JSON_POST
+            .iter()
+            .copied()
+            .chain([("mcp-session-id", "unreadable-session")])
+            .collect();
+        let mut id = 0;
+        for headers in [JSON_POST, in_session.as_slice()] {
+            for tool in tools {
+                id += 1;
+                let a = send(&c, Method::POST, &url, headers, call(id, tool)).await;
+                assert_eq!(a.status, StatusCode::OK, "{tool}");
+            }
+        }
+        let a = send(&c, Method::POST, &url, JSON_POST, call(100, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK);
+        // Past the call timeout and the observer's once-a-second check.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+    })
+    .await;
+    assert!(
+        events.iter().all(|e| e["status"] != 504),
+        "no false timeouts: {events:?}"
+    );
+    assert_eq!(events.len(), 1, "only the readable call: {events:?}");
+    assert_eq!(events[0]["rec"]["action"], "echo");
+    assert_eq!(
+        debug_total(&stderr, "unobserved"),
+        Some(2 * tools.len() as u64),
+        "{stderr}"
+    );
+}
+
+/// An answer over the observed-body cap is relayed whole and cannot be read: its call is
+/// unobserved, not a 504 when its exchange ends. (The default call timeout: relaying 33 MiB
+/// through a debug build on a shared machine takes longer than a short one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_response_is_unobserved_not_a_timeout() {
+    let fx = Fixture::start("raw");
+    let (events, _, stderr) = observed_with(&fx.url, &["--debug"], |url| async move {
+        let c = client();
+        let a = send(&c, Method::POST, &url, JSON_POST, call(1, "huge")).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert!(a.body.len() > 33 * 1024 * 1024);
+        let a = send(&c, Method::POST, &url, JSON_POST, call(2, "echo")).await;
+        assert_eq!(a.status, StatusCode::OK);
+    })
+    .await;
+    assert!(by_action(&events, "huge").is_empty(), "{events:?}");
+    assert_eq!(by_action(&events, "echo").len(), 1, "{events:?}");
+    assert_eq!(debug_total(&stderr, "unobserved"), Some(1), "{stderr}");
+}
+
+/// The proxy observes what a server executes: a duplicated key keeps its last value, and a
+/// request with `"id": 1.0` is answered by the server's `"id": 1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_keys_and_equal_numeric_ids_are_read_as_the_server_reads_them() {
+    let fx = Fixture::start("raw");
+    let extra = ["--call-timeout-ms", SHORT_CALL_TIMEOUT_MS];
+    let (events, _, _) = observed_with(&fx.url, &extra, |url| async move {
+        let c = client();
+        let duplicated = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"decoy","arguments":{"amount_cents":1,"amount_cents":4900},"name":"issue_refund"}}"#;
+        let a = send(&c, Method::POST, &url, JSON_POST, duplicated).await;
+        assert_eq!(a.status, StatusCode::OK);
+        let float_id = r#"{"jsonrpc":"2.0","id":2.0,"method":"tools/call","params":{"name":"float_id","arguments":{}}}"#;
+        let a = send(&c, Method::POST, &url, JSON_POST, float_id).await;
+        assert_eq!(a.status, StatusCode::OK);
+        assert!(
+            String::from_utf8_lossy(&a.body).contains(r#""id":2,"#),
+            "the fixture answers as a JavaScript server would"
+        );
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    })
+    .await;
+    assert!(by_action(&events, "decoy").is_empty(), "{events:?}");
+    let refund = by_action(&events, "issue_refund");
+    assert_eq!(refund.len(), 1, "{events:?}");
+    assert_eq!(refund[0]["status"], 200);
+    assert_eq!(refund[0]["rec"]["fields"]["amount_cents"], 4900);
+    let float = by_action(&events, "float_id");
+    assert_eq!(float.len(), 1, "{events:?}");
+    assert_eq!(float[0]["status"], 200, "one answered call, not a 504");
+    assert_eq!(events.len(), 2, "{events:?}");
+}
+
+/// `session.id` is keyed per process: the same `Mcp-Session-Id` seen by two proxies gives two
+/// unrelated ids (no linking across sensors, no dictionary attack on low-entropy ids), and one
+/// proxy gives it one stable id. Neither the raw id nor its plain SHA-256 is ever written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_id_is_keyed_per_process_and_stable_within_one() {
+    const RAW: &str = "canary-session-5d1e";
+    let fx = Fixture::start("raw");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (events, text, _) = observed(&fx.url, |url| async move {
+            let c = client();
+            let h: Vec<(&str, &str)> = JSON_POST
+                .iter()
+                .copied()
+                .chain([("mcp-session-id", RAW)])
+                .collect();
+            for id in 1..=2 {
+                let a = send(&c, Method::POST, &url, &h, call(id, "echo")).await;
+                assert_eq!(a.status, StatusCode::OK);
+            }
+        })
+        .await;
+        assert_eq!(events.len(), 2, "{events:?}");
+        let sid = events[0]["session"]["id"].as_str().expect("session id");
+        assert_eq!(events[1]["session"]["id"], sid, "stable within a process");
+        assert_eq!(sid.len(), 16);
+        let plain = ring::digest::digest(&ring::digest::SHA256, RAW.as_bytes());
+        let plain_hex: String = plain.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        assert!(!text.contains(RAW), "raw session id leaked");
+        assert!(
+            !text.contains(&plain_hex[..8]),
+            "the unkeyed SHA-256 of the session id leaked"
+        );
+        ids.push(sid.to_string());
+    }
+    assert_ne!(
+        ids[0], ids[1],
+        "two processes must not link the same session"
+    );
 }
 
 // ---------------------------------------------------------------- who may use the listener

@@ -7,8 +7,9 @@
 //! place the observer builds a `serde_json::Value`, and only of a `tools/list` result, which is
 //! small. Never keeps anything but names, descriptions and schemas, and never emits them.
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
+
+use super::peek::{keep_last, Object};
 
 /// Hex characters of the SHA-256 kept: 64 bits tell catalogs apart in practice and keep events
 /// short.
@@ -24,18 +25,20 @@ pub struct Catalog {
     version: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// Read as `JSON.parse` reads it: a key given twice keeps its last value (see
+/// [`super::peek::FromObject`]); inside each tool, `Value` does the same.
+#[derive(Default)]
 struct ListResponse {
-    result: ListResult,
+    result: Option<Object<ListResult>>,
 }
+keep_last!(impl<> ListResponse { "result" => result });
 
-#[derive(Deserialize)]
+#[derive(Default)]
 struct ListResult {
-    #[serde(default)]
     tools: Vec<Value>,
-    #[serde(default, rename = "nextCursor")]
     next_cursor: Option<Value>,
 }
+keep_last!(impl<> ListResult { "tools" => tools, "nextCursor" => next_cursor });
 
 impl Catalog {
     /// The current fingerprint.
@@ -51,19 +54,22 @@ impl Catalog {
     /// One `tools/list` response message (`first_page`: its request had no cursor). Returns
     /// false if the result is not a tool list (then nothing changes).
     pub fn on_list_response(&mut self, msg: &[u8], first_page: bool) -> bool {
-        let Ok(r) = serde_json::from_slice::<ListResponse>(msg) else {
+        let Ok(Object(ListResponse {
+            result: Some(Object(r)),
+        })) = serde_json::from_slice::<Object<ListResponse>>(msg)
+        else {
             return false;
         };
         if first_page {
             self.pages.clear();
         }
-        for t in r.result.tools {
+        for t in r.tools {
             if self.pages.len() >= MAX_TOOLS {
                 break;
             }
             self.pages.push(canonical_tool(&t));
         }
-        let last = matches!(r.result.next_cursor, None | Some(Value::Null));
+        let last = matches!(r.next_cursor, None | Some(Value::Null));
         if last {
             self.version = Some(fingerprint(&mut self.pages));
             self.pages = Vec::new();
@@ -171,5 +177,18 @@ mod tests {
         assert!(!c.on_list_response(br#"{"id":1,"result":{"tools":"x"}}"#, true));
         assert!(!c.on_list_response(b"garbage", true));
         assert_eq!(c.version(), None);
+    }
+
+    /// The catalog a client sees is the one `JSON.parse` gives: a duplicated key's last value.
+    #[test]
+    fn duplicate_keys_in_a_tools_list_keep_the_last_value() {
+        let mut only_b = Catalog::default();
+        only_b.on_list_response(&list(&[B], None), true);
+        let twice = format!(
+            r#"{{"id":1,"result":{{"tools":[{A}],"nextCursor":"p2","tools":[{B}],"nextCursor":null}},"result":{{"tools":[{B}]}}}}"#
+        );
+        let mut c = Catalog::default();
+        assert!(c.on_list_response(twice.as_bytes(), true));
+        assert_eq!(c.version(), only_b.version());
     }
 }

@@ -1,7 +1,8 @@
 //! Correlation state: which requests are waiting for which answers, and what an answer means.
 //!
 //! Owns the key requests are matched by — (scope, direction the request travelled, id), never the
-//! id alone, because a server→client request may reuse an id the client used (DESIGN §2a, §9) —
+//! id alone, because a server→client request may reuse an id the client used (DESIGN §2a, §9);
+//! ids compare as servers compare them, equal numbers equal however written ([`RpcId`]) —
 //! the [`Action`] record of one `tools/call` (which may span several 2026-07-28 `input_required`
 //! rounds), and the mapping from an ending to status, class and `err` (DESIGN §4 table). Holds
 //! metadata only: tool name, timings, sizes and already-filtered captured fields.
@@ -36,7 +37,7 @@ impl Hash for Key {
         state.write_u64(self.scope.0.rotate_left(1) ^ dir);
         match &self.id {
             RpcId::Num(n) => state.write_i128(*n),
-            RpcId::Str(s) => state.write(s.as_bytes()),
+            RpcId::Str(s) | RpcId::Dec(s) => state.write(s.as_bytes()),
         }
     }
 }

@@ -43,6 +43,9 @@
 //!   behind the relay under sustained load on a shared CPU; if they fall more than the tap's
 //!   budget behind, the tap drops. A call open during a server→client drop that then ends
 //!   unanswered makes no event ([`ObserverStats::unobserved`]): its answer may have been dropped.
+//! * HTTP: an answer the watcher cannot read (no or another content type, compressed, over its
+//!   size cap, partly dropped) ends its calls through [`Observer::end_unobserved`]: no event,
+//!   counted as unobserved, never a false 504 (DESIGN §2 invariant 10).
 
 pub mod catalog;
 pub mod correlate;
@@ -182,9 +185,10 @@ pub struct ObserverStats {
     pub orphan_responses: u64,
     /// Chunks that arrived after the tap dropped some: the splitter resynchronised.
     pub gaps: u64,
-    /// Calls that ended without an observed answer after the tap dropped server→client bytes
-    /// while they were open: their answer may have been among the dropped bytes, so no event
-    /// is made for them (a 504 or 502 would claim a failure the client may not have seen).
+    /// Calls that ended without an observed answer after the tap (or the HTTP watch channel)
+    /// dropped server→client bytes while they were open, or (HTTP) whose answer could not be
+    /// read: their answer may have been among the dropped bytes, so no event is made for them
+    /// (a 504 or 502 would claim a failure the client may not have seen).
     pub unobserved: u64,
 }
 
@@ -305,6 +309,8 @@ pub struct Observer<S: EventSink> {
     /// Relay time of the first server→client chunk after the latest tap drop in that
     /// direction: a call started before it may have had its answer dropped.
     s2c_gap: Option<Instant>,
+    /// While [`Observer::on_request_body`] runs: the ids of the `tools/call` requests it starts.
+    started_calls: Option<Vec<RpcId>>,
     warned: Warned,
 }
 
@@ -335,6 +341,7 @@ impl<S: EventSink> Observer<S> {
             early_bytes: 0,
             stdio_session: new_event_id().into(),
             s2c_gap: None,
+            started_calls: None,
             warned: Warned::default(),
         }
     }
@@ -441,6 +448,39 @@ impl<S: EventSink> Observer<S> {
                         Outcome::HttpStatus(status)
                     };
                     self.finish_action(aid, outcome, seen);
+                }
+            }
+        }
+    }
+
+    /// HTTP: a request body, observed as [`Observer::on_frame`] observes it; returns the ids of
+    /// the `tools/call` requests in it now waiting for an answer, for
+    /// [`Observer::end_unobserved`] should that answer turn out unreadable.
+    pub fn on_request_body(&mut self, scope: StreamId, seen: Instant, body: &[u8]) -> Vec<RpcId> {
+        self.started_calls = Some(Vec::new());
+        self.on_frame(scope, Direction::ClientToServer, seen, body);
+        self.started_calls.take().unwrap_or_default()
+    }
+
+    /// HTTP: the answers to these requests (ids from [`Observer::on_request_body`]) could not be
+    /// read — no or another content type, compressed, over the size cap, or partly dropped on
+    /// the way to the observer. A call among them still waiting ends here with no event (it may
+    /// well have succeeded: a 504 would be false) and is counted in
+    /// [`ObserverStats::unobserved`].
+    pub fn end_unobserved(&mut self, scope: StreamId, ids: &[RpcId]) {
+        for id in ids {
+            let key = Key {
+                scope,
+                dir: Direction::ClientToServer,
+                id: id.clone(),
+            };
+            if let Some(Pending {
+                kind: PendingKind::ToolCall(aid),
+                ..
+            }) = self.pending.remove(&key)
+            {
+                if self.actions.remove(&aid).is_some() {
+                    self.stats.unobserved += 1;
                 }
             }
         }
@@ -565,8 +605,10 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
-    /// The tap dropped bytes of `dir` before the chunk read at `seen`.
-    fn on_gap(&mut self, dir: Direction, seen: Instant) {
+    /// Bytes of `dir` were dropped on their way to the observer (the stdio tap, or the HTTP
+    /// watch channel) before `seen`: a call started before then that ends unanswered may have
+    /// had its answer among them, and makes no event ([`ObserverStats::unobserved`]).
+    pub fn on_gap(&mut self, dir: Direction, seen: Instant) {
         if dir == Direction::ServerToClient {
             self.s2c_gap = Some(seen);
         }
@@ -639,7 +681,12 @@ impl<S: EventSink> Observer<S> {
         let kind = match (dir, method) {
             (Direction::ClientToServer, "tools/call") => {
                 match self.start_round(scope, seen, &key, p, len) {
-                    Some(aid) => PendingKind::ToolCall(aid),
+                    Some(aid) => {
+                        if let Some(calls) = &mut self.started_calls {
+                            calls.push(key.id.clone());
+                        }
+                        PendingKind::ToolCall(aid)
+                    }
                     None => {
                         self.count_malformed();
                         PendingKind::Other

@@ -9,8 +9,15 @@
 //! costs one scan and no allocation for its content. Every field is lenient: a field of an
 //! unexpected type is recorded as [`Lenient::Wrong`] instead of failing the whole message, so the
 //! caller can count it as malformed.
+//!
+//! It reads JSON as servers do (DESIGN §2 invariant 10), so that no call a server executes
+//! escapes: a key given twice keeps its last value, at every level ([`FromObject`]; serde's
+//! derive would reject the message), `arguments` included; ids and argument numbers are read
+//! from their text ([`number_id`]): equal numbers are one id however written (`1.0` = `1`), and a
+//! number no float holds (`1e400`) does not fail the message.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -39,11 +46,72 @@ impl<T> Lenient<T> {
     }
 }
 
-/// A JSON-RPC id. `1` and `"1"` are different ids.
+/// A JSON-RPC id, keyed as a server compares ids: equal numbers are one id however they are
+/// written (`1`, `1.0`, `1e0`, `10E-1`), and a string is never a number (`"1"` ≠ `1`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RpcId {
+    /// A number with an integral value that fits an `i128`.
     Num(i128),
+    /// Any other number, in one canonical spelling: `[-]<digits>e<exponent>` with no leading or
+    /// trailing zero digit (`1.5` and `15e-1` are both `15e-1`).
+    Dec(String),
     Str(String),
+}
+
+/// Most decimal digits of an integral id kept as [`RpcId::Num`]: every 38-digit number fits an
+/// `i128`.
+const MAX_NUM_ID_DIGITS: usize = 38;
+
+/// The id a JSON number's text names (see [`RpcId`]). Computed from the text, never through a
+/// float, so equal values are equal ids exactly and `1e400` is an id like any other.
+pub fn number_id(text: &str) -> RpcId {
+    let (neg, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    // The usual case: a plain integer.
+    if !unsigned.is_empty()
+        && unsigned.len() <= MAX_NUM_ID_DIGITS
+        && unsigned.bytes().all(|b| b.is_ascii_digit())
+    {
+        if let Ok(n) = text.parse::<i128>() {
+            return RpcId::Num(n);
+        }
+    }
+    let (mantissa, exp) = match unsigned.find(['e', 'E']) {
+        Some(i) => (&unsigned[..i], unsigned[i + 1..].parse::<i64>().ok()),
+        None => (unsigned, Some(0)),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: String = int.chars().chain(frac.chars()).collect();
+    let trimmed = digits.trim_start_matches('0');
+    let significant = trimmed.trim_end_matches('0');
+    if significant.is_empty() {
+        // Zero, whatever its sign or spelling.
+        return RpcId::Num(0);
+    }
+    // value = significant × 10^(exp − fraction digits + trailing zeros dropped)
+    let zeros = trimmed.len() - significant.len();
+    let power = exp.and_then(|e| {
+        e.checked_sub(i64::try_from(frac.len()).ok()?)?
+            .checked_add(i64::try_from(zeros).ok()?)
+    });
+    let Some(power) = power else {
+        // An exponent beyond i64: distinct by its text, which no server echoes anyway.
+        return RpcId::Dec(text.to_string());
+    };
+    if let Ok(width) = usize::try_from(power) {
+        if significant.len().saturating_add(width) <= MAX_NUM_ID_DIGITS {
+            if let Ok(mut n) = significant.parse::<i128>() {
+                for _ in 0..width {
+                    n *= 10;
+                }
+                return RpcId::Num(if neg { -n } else { n });
+            }
+        }
+    }
+    let sign = if neg { "-" } else { "" };
+    RpcId::Dec(format!("{sign}{significant}e{power}"))
 }
 
 /// What a value looked like, for the lenient visitors.
@@ -66,31 +134,34 @@ macro_rules! ignore_rest {
     };
 }
 
+/// The raw text of the next value, unparsed (`serde_json` only checks its syntax): what the id
+/// and argument readers classify themselves, so a number is never forced through a float (an
+/// out-of-range `1e400` would otherwise fail the whole message, which servers read fine).
+fn raw<'de, D: Deserializer<'de>>(d: D) -> Result<&'de str, D::Error> {
+    <&'de serde_json::value::RawValue>::deserialize(d).map(|r| r.get())
+}
+
+/// A raw JSON string's value: borrowed when it has no escapes, else unescaped by `serde_json`.
+fn raw_str<'de, E: de::Error>(raw: &'de str) -> Result<Cow<'de, str>, E> {
+    if !raw.contains('\\') {
+        if let Some(inner) = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+            return Ok(Cow::Borrowed(inner));
+        }
+    }
+    serde_json::from_str::<String>(raw)
+        .map(Cow::Owned)
+        .map_err(E::custom)
+}
+
 /// Lenient id: number or string; `null` and anything else are [`Lenient::Wrong`].
 impl<'de> Deserialize<'de> for Lenient<RpcId> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Lenient<RpcId>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON-RPC id")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                Ok(Lenient::Ok(RpcId::Num(i128::from(v))))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(Lenient::Ok(RpcId::Num(i128::from(v))))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-                // Fractional ids are discouraged but legal JSON; keep them distinct by text.
-                Ok(Lenient::Ok(RpcId::Str(format!("\u{0}f{v}"))))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Lenient::Ok(RpcId::Str(v.to_string())))
-            }
-            ignore_rest!();
-        }
-        d.deserialize_any(V)
+        let text = raw(d)?;
+        Ok(match text.as_bytes().first() {
+            Some(b'"') => Lenient::Ok(RpcId::Str(raw_str::<D::Error>(text)?.into_owned())),
+            Some(b) if *b == b'-' || b.is_ascii_digit() => Lenient::Ok(number_id(text)),
+            _ => Lenient::Wrong,
+        })
     }
 }
 
@@ -219,48 +290,29 @@ impl ArgValue<'_> {
     }
 }
 
+/// Read from the value's raw text (see [`raw`]): a number that no float holds (`1e400`) is
+/// not a scalar we capture, and not a reason to lose the call.
 impl<'de: 'a, 'a> Deserialize<'de> for ArgValue<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = ArgValue<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON value")
+        let text = raw(d)?;
+        Ok(match text.as_bytes().first() {
+            Some(b'"') => ArgValue::Str(raw_str::<D::Error>(text)?),
+            Some(b't') => ArgValue::Bool(true),
+            Some(b'f') => ArgValue::Bool(false),
+            Some(b) if *b == b'-' || b.is_ascii_digit() => {
+                if let Ok(n) = text.parse::<u64>() {
+                    ArgValue::U64(n)
+                } else if let Ok(n) = text.parse::<i64>() {
+                    ArgValue::I64(n)
+                } else {
+                    match text.parse::<f64>() {
+                        Ok(f) if f.is_finite() => ArgValue::F64(f),
+                        _ => ArgValue::NotScalar,
+                    }
+                }
             }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(ArgValue::Str(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(ArgValue::Str(Cow::Owned(v.to_string())))
-            }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(ArgValue::Str(Cow::Owned(v)))
-            }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-                Ok(ArgValue::Bool(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                Ok(ArgValue::I64(v))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(ArgValue::U64(v))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-                Ok(ArgValue::F64(v))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(ArgValue::NotScalar)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(ArgValue::NotScalar)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(ArgValue::NotScalar)
-            }
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
+            _ => ArgValue::NotScalar,
+        })
     }
 }
 
@@ -268,7 +320,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for ArgValue<'a> {
 /// ever captured, and there are far fewer of those).
 pub const MAX_ARGS_PEEKED: usize = 256;
 
-/// Top-level `params.arguments`: keys with scalar values (or [`Lenient::Wrong`] if not an object).
+/// Argument keys looked up by a scan for a repeat; past this many, by a hash map.
+const ARGS_SCANNED: usize = 16;
+
+/// Top-level `params.arguments`: each key once, with its last value (or [`Lenient::Wrong`] if not an object).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Args<'a>(pub Vec<(Cow<'a, str>, ArgValue<'a>)>);
 
@@ -281,15 +336,40 @@ impl<'de: 'a, 'a> Deserialize<'de> for Lenient<Args<'a>> {
                 f.write_str("an object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
+                let mut out: Vec<(Cow<'a, str>, ArgValue<'a>)> = Vec::new();
+                // Key → position, built once there are too many keys to scan.
+                let mut index: Option<HashMap<Cow<'a, str>, usize>> = None;
                 while let Some(k) = map.next_key::<Lenient<Cow<'a, str>>>()? {
+                    let Lenient::Ok(k) = k else {
+                        map.next_value::<IgnoredAny>()?;
+                        continue;
+                    };
+                    // A repeated key keeps its last value (even past the cap), as the server
+                    // reads it: never capture a value the tool did not get.
+                    let seen = match &index {
+                        Some(ix) => ix.get(&k).copied(),
+                        None => out.iter().position(|(o, _)| *o == k),
+                    };
+                    if let Some(i) = seen {
+                        out[i].1 = map.next_value()?;
+                        continue;
+                    }
                     if out.len() >= MAX_ARGS_PEEKED {
                         map.next_value::<IgnoredAny>()?;
                         continue;
                     }
                     let v: ArgValue<'a> = map.next_value()?;
-                    if let Lenient::Ok(k) = k {
-                        out.push((k, v));
+                    if let Some(ix) = &mut index {
+                        ix.insert(k.clone(), out.len());
+                    }
+                    out.push((k, v));
+                    if index.is_none() && out.len() > ARGS_SCANNED {
+                        index = Some(
+                            out.iter()
+                                .enumerate()
+                                .map(|(i, (k, _))| (k.clone(), i))
+                                .collect(),
+                        );
                     }
                 }
                 Ok(Lenient::Ok(Args(out)))
@@ -322,7 +402,100 @@ impl<'de: 'a, 'a> Deserialize<'de> for Lenient<Args<'a>> {
     }
 }
 
-/// Generates a lenient wrapper for a derived struct: an object parses into `Ok`, anything else
+/// A struct read from a JSON object the way servers read one (`JSON.parse`, Python's `json`):
+/// a key given twice keeps its last value, where serde's derive would fail the whole message
+/// (and a call a server executes would go unobserved). Keys are compared after unescaping;
+/// keys not listed are skipped unread. Implemented by [`keep_last!`].
+pub(crate) trait FromObject<'de>: Default {
+    /// The keys read, in field order.
+    const KEYS: &'static [&'static str];
+    /// Reads the value of `KEYS[key]` into its field, replacing what an earlier one put there.
+    fn set<A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error>;
+}
+
+/// Which of `KEYS` a key is, without allocating (the key is matched where it lies).
+struct KeyIndex(&'static [&'static str]);
+
+impl<'de> de::DeserializeSeed<'de> for KeyIndex {
+    type Value = Option<usize>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIndex {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self.0.iter().position(|k| *k == v))
+    }
+}
+
+/// Reads an object into `T`, field by field (see [`FromObject`]).
+pub(crate) fn read_object<'de, T: FromObject<'de>, A: MapAccess<'de>>(
+    mut map: A,
+) -> Result<T, A::Error> {
+    let mut out = T::default();
+    while let Some(key) = map.next_key_seed(KeyIndex(T::KEYS))? {
+        match key {
+            Some(i) => out.set(i, &mut map)?,
+            None => {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Implements [`FromObject`] for a struct: `keep_last!(impl<'a> T<'a> { "key" => field, … })`.
+macro_rules! keep_last {
+    (impl<$($lt:lifetime),*> $t:ty { $($key:literal => $field:ident),+ $(,)? }) => {
+        impl<'de $(: $lt)*, $($lt),*> $crate::observe::peek::FromObject<'de> for $t {
+            const KEYS: &'static [&'static str] = &[$($key),+];
+            fn set<A: serde::de::MapAccess<'de>>(
+                &mut self,
+                key: usize,
+                map: &mut A,
+            ) -> Result<(), A::Error> {
+                let mut i = 0usize;
+                $(
+                    if key == i {
+                        self.$field = map.next_value()?;
+                        return Ok(());
+                    }
+                    i += 1;
+                )+
+                let _ = i;
+                map.next_value::<serde::de::IgnoredAny>().map(|_| ())
+            }
+        }
+    };
+}
+pub(crate) use keep_last;
+
+/// An object read by [`read_object`], for a caller outside the peek (the catalog).
+#[derive(Debug, Default)]
+pub(crate) struct Object<T>(pub T);
+
+impl<'de, T: FromObject<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: FromObject<'de>> Visitor<'de> for V<T> {
+            type Value = Object<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                read_object(map).map(Object)
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+/// Generates a lenient wrapper for a [`FromObject`] struct: an object parses into `Ok`, anything else
 /// is skipped and becomes `Wrong`. `boxed`: for a struct kept in a `Box`, the two large ones
 /// (`params`, `result`), so that [`Peek`] itself stays small: serde moves a value several times
 /// on its way out of `from_slice`, and with the big parts inline that was half a kilobyte copied
@@ -344,8 +517,7 @@ macro_rules! lenient_struct {
                         f.write_str("an object")
                     }
                     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                        $t::deserialize(de::value::MapAccessDeserializer::new(map))
-                            .map(|v| Lenient::Ok(($wrap)(v)))
+                        read_object::<$t<'a>, A>(map).map(|v| Lenient::Ok(($wrap)(v)))
                     }
                     fn visit_seq<A: SeqAccess<'de>>(
                         self,
@@ -380,117 +552,130 @@ macro_rules! lenient_struct {
 }
 
 /// `{ name }` of `clientInfo` / `serverInfo`.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Info<'a> {
-    #[serde(borrow, default)]
     pub name: Lenient<Cow<'a, str>>,
 }
+keep_last!(impl<'a> Info<'a> { "name" => name });
 lenient_struct!(Info);
 
 /// The `_meta` entries the observer reads.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Meta<'a> {
     /// Opaque end-customer id (DESIGN §4).
-    #[serde(borrow, default, rename = "bounded/onBehalfOf")]
     pub on_behalf_of: Lenient<Cow<'a, str>>,
     /// 2026-07-28: per-request protocol version.
-    #[serde(borrow, default, rename = "io.modelcontextprotocol/protocolVersion")]
     pub protocol_version: Lenient<Cow<'a, str>>,
     /// 2026-07-28: per-request client identity.
-    #[serde(borrow, default, rename = "io.modelcontextprotocol/clientInfo")]
     pub client_info: Lenient<Info<'a>>,
     /// 2026-07-28 (SDK form): the echoed `requestState` of a retry.
-    #[serde(borrow, default, rename = "io.modelcontextprotocol/requestState")]
     pub request_state: Lenient<Cow<'a, str>>,
 }
+keep_last!(impl<'a> Meta<'a> {
+    "bounded/onBehalfOf" => on_behalf_of,
+    "io.modelcontextprotocol/protocolVersion" => protocol_version,
+    "io.modelcontextprotocol/clientInfo" => client_info,
+    "io.modelcontextprotocol/requestState" => request_state,
+});
 lenient_struct!(Meta);
 
 /// `params`, a superset of the shapes the observer reads (which one applies depends on the
 /// method, which may come after `params` in the object).
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Params<'a> {
     /// `tools/call`: the tool.
-    #[serde(borrow, default)]
     pub name: Lenient<Cow<'a, str>>,
-    #[serde(borrow, default)]
     pub arguments: Lenient<Args<'a>>,
-    #[serde(borrow, default, rename = "_meta")]
     pub meta: Lenient<Meta<'a>>,
     /// `notifications/cancelled`.
-    #[serde(default, rename = "requestId")]
     pub request_id: Lenient<RpcId>,
     /// `initialize`: the version the client asks for.
-    #[serde(borrow, default, rename = "protocolVersion")]
     pub protocol_version: Lenient<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "clientInfo")]
     pub client_info: Lenient<Info<'a>>,
     /// `tools/list`: present on every page but the first.
-    #[serde(borrow, default)]
     pub cursor: Lenient<Cow<'a, str>>,
     /// 2026-07-28 retry: the state echoed from the `input_required` result.
-    #[serde(borrow, default, rename = "requestState")]
     pub request_state: Lenient<Cow<'a, str>>,
     /// 2026-07-28 retry: the client's answers (only presence matters).
-    #[serde(default, rename = "inputResponses")]
     pub input_responses: Option<IgnoredAny>,
 }
+keep_last!(impl<'a> Params<'a> {
+    "name" => name,
+    "arguments" => arguments,
+    "_meta" => meta,
+    "requestId" => request_id,
+    "protocolVersion" => protocol_version,
+    "clientInfo" => client_info,
+    "cursor" => cursor,
+    "requestState" => request_state,
+    "inputResponses" => input_responses,
+});
 lenient_struct!(Params, boxed);
 
 /// `result._meta` entries the observer reads.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ResultMeta<'a> {
     /// 2026-07-28 SDKs (e.g. rmcp) put the server identity of `server/discover` here.
-    #[serde(borrow, default, rename = "io.modelcontextprotocol/serverInfo")]
     pub server_info: Lenient<Info<'a>>,
 }
+keep_last!(impl<'a> ResultMeta<'a> { "io.modelcontextprotocol/serverInfo" => server_info });
 lenient_struct!(ResultMeta);
 
 /// `result`, the fields the observer reads.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ResultPeek<'a> {
-    #[serde(default, rename = "isError")]
     pub is_error: Lenient<bool>,
     /// `"input_required"` / `"incomplete"` (2026-07-28 multi round-trip), `"complete"`.
-    #[serde(borrow, default, rename = "resultType")]
     pub result_type: Lenient<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "requestState")]
     pub request_state: Lenient<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "serverInfo")]
     pub server_info: Lenient<Info<'a>>,
     /// `initialize`: the negotiated version.
-    #[serde(borrow, default, rename = "protocolVersion")]
     pub protocol_version: Lenient<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "_meta")]
     pub meta: Lenient<ResultMeta<'a>>,
     /// `tools/list`: a further page exists.
-    #[serde(borrow, default, rename = "nextCursor")]
     pub next_cursor: Lenient<Cow<'a, str>>,
 }
+keep_last!(impl<'a> ResultPeek<'a> {
+    "isError" => is_error,
+    "resultType" => result_type,
+    "requestState" => request_state,
+    "serverInfo" => server_info,
+    "protocolVersion" => protocol_version,
+    "_meta" => meta,
+    "nextCursor" => next_cursor,
+});
 lenient_struct!(ResultPeek, boxed);
 
 /// `error`, the field the observer reads.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ErrorPeek<'a> {
-    #[serde(default)]
     pub code: Lenient<i64>,
-    #[serde(skip)]
     _borrow: std::marker::PhantomData<&'a ()>,
 }
+keep_last!(impl<'a> ErrorPeek<'a> { "code" => code });
 lenient_struct!(ErrorPeek);
 
 /// One JSON-RPC message, as far as the observer cares.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Peek<'a> {
-    #[serde(default)]
     pub id: Lenient<RpcId>,
-    #[serde(borrow, default)]
     pub method: Lenient<Cow<'a, str>>,
-    #[serde(borrow, default)]
     pub params: Lenient<Box<Params<'a>>>,
-    #[serde(borrow, default)]
     pub result: Lenient<Box<ResultPeek<'a>>>,
-    #[serde(borrow, default)]
     pub error: Lenient<ErrorPeek<'a>>,
+}
+keep_last!(impl<'a> Peek<'a> {
+    "id" => id,
+    "method" => method,
+    "params" => params,
+    "result" => result,
+    "error" => error,
+});
+
+impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Object::<Peek<'a>>::deserialize(d).map(|o| o.0)
+    }
 }
 
 /// Why a message could not be peeked.
@@ -609,5 +794,166 @@ mod tests {
         let p = peek(&m).expect("peek");
         assert_eq!(p.id, Lenient::Ok(RpcId::Num(3)));
         assert_eq!(p.result.ok().expect("r").is_error, Lenient::Absent);
+    }
+
+    /// A server reads a duplicated key as its last value (`JSON.parse`, Python's `json`): so
+    /// does the peek, for every field it reads, at every level.
+    #[test]
+    fn duplicate_keys_keep_the_last_value() {
+        let m = br#"{"id":1,"method":"tools/list","id":2,"method":"tools/call",
+            "params":{"name":"decoy","arguments":{"amount_cents":1,"note":"x","amount_cents":4900},
+              "_meta":{"bounded/onBehalfOf":"a","bounded/onBehalfOf":"b"},"name":"issue_refund"}}"#;
+        let p = peek(m).expect("peek");
+        assert_eq!(p.id, Lenient::Ok(RpcId::Num(2)));
+        assert_eq!(p.method.ok().map(|m| m.as_ref()), Some("tools/call"));
+        let params = p.params.ok().expect("params");
+        assert_eq!(params.name.ok().map(|m| m.as_ref()), Some("issue_refund"));
+        let args = &params.arguments.ok().expect("args").0;
+        let amounts: Vec<&ArgValue<'_>> = args
+            .iter()
+            .filter(|(k, _)| k == "amount_cents")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(amounts, [&ArgValue::U64(4900)], "one key, its last value");
+        let meta = params.meta.ok().expect("meta");
+        assert_eq!(meta.on_behalf_of.ok().map(|m| m.as_ref()), Some("b"));
+
+        // A whole object given twice: the last one, not a merge of both.
+        let p = peek(
+            br#"{"id":1,"method":"tools/call","params":{"name":"a","arguments":{"x":1}},
+            "params":{"name":"b"}}"#,
+        )
+        .expect("peek");
+        let params = p.params.ok().expect("params");
+        assert_eq!(params.name.ok().map(|m| m.as_ref()), Some("b"));
+        assert_eq!(params.arguments, Lenient::Absent);
+
+        // A last value of the wrong type is what the server sees: wrong, not the first.
+        let p = peek(br#"{"id":1,"method":"tools/call","params":{"name":"a","name":7}}"#)
+            .expect("peek");
+        assert!(p.params.ok().expect("params").name.is_wrong());
+
+        let p = peek(br#"{"id":3,"error":{"code":-32601,"code":-32602}}"#).expect("peek");
+        assert_eq!(p.error.ok().expect("e").code, Lenient::Ok(-32602));
+        let p = peek(
+            br#"{"id":3,"result":{"isError":true,"isError":false,
+                "resultType":"input_required","resultType":"complete",
+                "protocolVersion":"2024-11-05","protocolVersion":"2025-11-25",
+                "serverInfo":{"name":"x","name":"srv"}}}"#,
+        )
+        .expect("peek");
+        let r = p.result.ok().expect("r");
+        assert_eq!(r.is_error, Lenient::Ok(false));
+        assert_eq!(r.result_type.ok().map(|s| s.as_ref()), Some("complete"));
+        assert_eq!(
+            r.protocol_version.ok().map(|s| s.as_ref()),
+            Some("2025-11-25")
+        );
+        let info = r.server_info.ok().expect("serverInfo");
+        assert_eq!(info.name.ok().map(|s| s.as_ref()), Some("srv"));
+        let p = peek(
+            br#"{"id":4,"method":"initialize","params":{"protocolVersion":"a","protocolVersion":"b",
+                "clientInfo":{"name":"c1"},"clientInfo":{"name":"c2"}}}"#,
+        )
+        .expect("peek");
+        let params = p.params.ok().expect("params");
+        assert_eq!(params.protocol_version.ok().map(|s| s.as_ref()), Some("b"));
+        let client = params.client_info.ok().expect("clientInfo");
+        assert_eq!(client.name.ok().map(|s| s.as_ref()), Some("c2"));
+    }
+
+    /// Keys are compared as the server compares them: after unescaping.
+    #[test]
+    fn an_escaped_duplicate_key_is_the_same_key() {
+        let p = peek(br#"{"id":1,"method":"tools/call","params":{"name":"a","n\u0061me":"b"}}"#)
+            .expect("peek");
+        let params = p.params.ok().expect("params");
+        assert_eq!(params.name.ok().map(|m| m.as_ref()), Some("b"));
+    }
+
+    fn id_of(text: &str) -> Lenient<RpcId> {
+        let m = format!(r#"{{"jsonrpc":"2.0","id":{text},"result":{{}}}}"#);
+        peek(m.as_bytes()).expect("peek").id
+    }
+
+    /// Equal JSON numbers are one id, however they are written; a string never equals a number.
+    #[test]
+    fn equal_numeric_ids_are_one_id() {
+        let one = id_of("1");
+        for text in ["1.0", "1e0", "10E-1", "0.1e1", "1.000", "100e-2"] {
+            assert_eq!(id_of(text), one, "{text}");
+        }
+        assert_eq!(id_of("-0"), id_of("0.0"));
+        assert_eq!(id_of("-7.0"), id_of("-7"));
+        assert_eq!(id_of("1.5"), id_of("15e-1"));
+        assert_ne!(id_of("1.5"), one);
+        assert_ne!(id_of(r#""1""#), one);
+        assert_ne!(id_of(r#""1.0""#), one);
+        assert_eq!(
+            id_of("18446744073709551615"),
+            id_of("18446744073709551615.0")
+        );
+    }
+
+    /// A number no float holds is still JSON, and servers read it: it neither fails the
+    /// message (the call would go unobserved) nor becomes a captured value.
+    #[test]
+    fn out_of_range_numbers_do_not_hide_a_call() {
+        let p = peek(
+            br#"{"jsonrpc":"2.0","id":1e400,"method":"tools/call",
+            "params":{"name":"t","arguments":{"amount":1e400,"n":-1E+400,"ok":7}}}"#,
+        )
+        .expect("peek");
+        assert_eq!(p.id, id_of("10e399"));
+        let params = p.params.ok().expect("params");
+        assert_eq!(params.name.ok().map(|m| m.as_ref()), Some("t"));
+        let args = &params.arguments.ok().expect("args").0;
+        assert_eq!(args[0].1, ArgValue::NotScalar);
+        assert_eq!(args[1].1, ArgValue::NotScalar);
+        assert_eq!(args[2].1, ArgValue::U64(7));
+    }
+
+    proptest::proptest! {
+        /// Any integer, written with a fraction or a (scaled) exponent, is the id it names.
+        #[test]
+        fn integral_ids_are_one_id_in_every_spelling(
+            n in -(1i64 << 53)..(1i64 << 53),
+            scale in 0u32..6,
+            zeros in 0usize..4,
+        ) {
+            let plain = id_of(&n.to_string());
+            let padded = format!("{n}.{}", "0".repeat(zeros + 1));
+            let scaled = format!("{}E-{scale}", i128::from(n) * 10i128.pow(scale));
+            let exp = format!("{n}e+0");
+            for text in [padded, scaled, exp] {
+                proptest::prop_assert_eq!(&id_of(&text), &plain, "{}", text);
+            }
+            proptest::prop_assert_ne!(id_of(&format!("\"{n}\"")), plain);
+        }
+
+        /// Any number is one id wherever its decimal point and exponent sit, and its negation
+        /// is another.
+        #[test]
+        fn a_number_is_one_id_wherever_its_point_and_exponent_sit(
+            m in 1u64..u64::MAX,
+            point in 1usize..20,
+            e in -400i64..400,
+            zeros in 0usize..4,
+        ) {
+            let d = m.to_string();
+            let p = point.min(d.len());
+            let frac = d.len() - p;
+            let base = id_of(&format!("{d}e{e}"));
+            let pointed = if frac == 0 {
+                format!("{d}E{e}")
+            } else {
+                format!("{}.{}e{}", &d[..p], &d[p..], e + frac as i64)
+            };
+            let padded = format!("{d}{}e{}", "0".repeat(zeros), e - zeros as i64);
+            for text in [pointed, padded] {
+                proptest::prop_assert_eq!(&id_of(&text), &base, "{}", text);
+            }
+            proptest::prop_assert_ne!(id_of(&format!("-{d}e{e}")), base);
+        }
     }
 }

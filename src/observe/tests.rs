@@ -1008,3 +1008,21 @@ async fn a_paced_observer_rests_while_traffic_flows_and_loses_nothing() {
         "it worked flat out while chunks came, and rested"
     );
 }
+
+/// A call is reported as the server executes it: the last of a duplicated `name`, and a
+/// request id `1.0` answered by `1` (equal numbers) is one answered call, not a 504.
+#[test]
+fn duplicate_name_reports_the_last_and_equal_numeric_ids_correlate() {
+    let mut t = T::new();
+    t.raw(
+        C2S,
+        0,
+        br#"{"jsonrpc":"2.0","id":1.0,"method":"tools/call","params":{"name":"decoy","arguments":{},"name":"echo"}}"#,
+    );
+    t.send(S2C, 5, ok(json!(1)));
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].rec.action, "echo");
+    assert_eq!(events[0].status, 200);
+    assert_eq!(stats.orphan_responses, 0);
+}

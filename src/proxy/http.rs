@@ -178,11 +178,7 @@ struct ObserverThread {
 const OBSERVER_EXIT_GRACE: Duration = Duration::from_millis(500);
 
 impl ObserverThread {
-    fn start(
-        cfg: &Config,
-        host: String,
-        rx: tokio::sync::mpsc::Receiver<watch::WatchMsg>,
-    ) -> std::io::Result<ObserverThread> {
+    fn start(cfg: &Config, host: String, rx: watch::WatchRx) -> std::io::Result<ObserverThread> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -210,11 +206,7 @@ impl ObserverThread {
 }
 
 /// The observer thread's whole life: runs until every forwarding handle is gone (shutdown).
-async fn observe_and_report(
-    cfg: &Config,
-    host: String,
-    rx: tokio::sync::mpsc::Receiver<watch::WatchMsg>,
-) {
+async fn observe_and_report(cfg: &Config, host: String, rx: watch::WatchRx) {
     let (queue, reporter) = crate::report::start(crate::report_config(cfg, "http"));
     let observer = Observer::new(crate::observer_config(cfg, Transport::Http { host }), queue);
     let (observer, totals) = watch::run(rx, observer).await;
@@ -229,6 +221,7 @@ async fn observe_and_report(
             exchanges = totals.exchanges,
             unparsed_bodies = totals.unparsed_bodies,
             compressed_bodies = totals.compressed_bodies,
+            unobserved = stats.unobserved,
             delivered = report.delivered,
             dropped = report.dropped,
             "Observer and reporter totals"

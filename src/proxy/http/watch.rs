@@ -2,12 +2,20 @@
 //!
 //! Owns the bounded channel between the forwarding path and the [`Observer`], and the
 //! per-exchange state the observer needs: which correlation scope an exchange belongs to (one
-//! per `Mcp-Session-Id`, hashed; or one per POST when there is no session), the request body
-//! until it is complete, and the response body as JSON or as SSE events.
+//! per `Mcp-Session-Id`, named by a keyed hash; or one per POST when there is no session), the
+//! request body until it is complete, and the response body as JSON or as SSE events.
 //! Goes in: [`WatchMsg`]s, sent with `try_send` by the forwarding path (a full channel is a
-//! counted drop, never a wait). Comes out: `on_frame`, `on_http_failure`, `set_scope_session`,
-//! `end_scope` calls on the observer. It never touches the bytes the client or upstream see,
-//! never holds a raw session id past hashing it, and bounds every buffer it keeps.
+//! counted drop, never a wait). Comes out: `on_request_body`, `on_frame`, `on_http_failure`,
+//! `end_unobserved`, `set_scope_session`, `end_scope` calls on the observer. It never touches
+//! the bytes the client or upstream see, never holds a raw session id past hashing it, and
+//! bounds every buffer it keeps.
+//!
+//! An answer it cannot read is never reported as a failure (DESIGN §2 invariant 10): when a 2xx
+//! response to a POST has no or another content type, is compressed, outgrows
+//! [`MAX_OBSERVED_BODY`], or lost messages on the channel, the calls of that POST still waiting
+//! when the exchange ends make no event and count as unobserved (`--debug` totals), as in stdio.
+//! A drop anywhere on the channel marks every exchange open at that moment, since the watcher
+//! cannot tell whose message was lost.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +28,7 @@ use tokio::sync::mpsc;
 
 use super::sse::SseParser;
 use crate::event::EventSink;
+use crate::observe::peek::RpcId;
 use crate::observe::{EndCause, Observer, StreamId};
 use crate::tap::Direction;
 
@@ -39,8 +48,8 @@ const MAX_EXCHANGES: usize = 4096;
 /// Sessions remembered at once (hash → scope); the oldest is forgotten past this.
 const MAX_SESSIONS: usize = 4096;
 
-/// Hex characters of the SHA-256 of `Mcp-Session-Id` that name a session in events: 64 bits,
-/// enough to tell sessions apart, too short to be mistaken for the id itself.
+/// Hex characters of the HMAC-SHA-256 of `Mcp-Session-Id` that name a session in events:
+/// 64 bits, enough to tell sessions apart, too short to be mistaken for the id itself.
 const SESSION_HASH_HEX: usize = 16;
 
 /// How long the observation task lets messages gather before reading them again. Short
@@ -145,21 +154,46 @@ impl WatchTx {
     }
 }
 
-pub fn channel() -> (WatchTx, mpsc::Receiver<WatchMsg>) {
+/// The observation task's end of the channel; sees the drop counter, so it knows when a
+/// message it was owed never came.
+pub struct WatchRx {
+    rx: mpsc::Receiver<WatchMsg>,
+    stats: Arc<WatchStats>,
+}
+
+pub fn channel() -> (WatchTx, WatchRx) {
     let (tx, rx) = mpsc::channel(WATCH_CAPACITY);
+    let stats = Arc::new(WatchStats::default());
     (
         WatchTx {
             tx,
-            stats: Arc::new(WatchStats::default()),
+            stats: stats.clone(),
         },
-        rx,
+        WatchRx { rx, stats },
     )
 }
 
-/// SHA-256 of a raw `Mcp-Session-Id`, short lower-case hex. The raw value never leaves here.
-pub fn session_hash(raw: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, raw);
-    crate::event::hex_lower(&digest.as_ref()[..SESSION_HASH_HEX / 2])
+/// Names sessions in events: HMAC-SHA-256 of the raw `Mcp-Session-Id` under a key drawn at
+/// random when the process starts and never stored or sent, short lower-case hex. Unkeyed, a
+/// low-entropy session id could be recovered by hashing guesses, and the same session would
+/// carry the same name at every sensor that saw it; keyed per process, a name means nothing
+/// outside the process that made it. The raw value never leaves here.
+pub struct SessionNamer {
+    key: ring::hmac::Key,
+}
+
+impl SessionNamer {
+    /// `None` if the system has no randomness to offer.
+    pub fn new() -> Option<SessionNamer> {
+        let rng = ring::rand::SystemRandom::new();
+        let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).ok()?;
+        Some(SessionNamer { key })
+    }
+
+    pub fn name(&self, raw: &[u8]) -> String {
+        let tag = ring::hmac::sign(&self.key, raw);
+        crate::event::hex_lower(&tag.as_ref()[..SESSION_HASH_HEX / 2])
+    }
 }
 
 /// How a response body is read for observation.
@@ -191,6 +225,11 @@ struct Exchange {
     /// observer always sees a request before its response.
     pending: Vec<(Instant, Vec<u8>)>,
     pending_bytes: usize,
+    /// The ids of the `tools/call` requests the request body started.
+    calls: Vec<RpcId>,
+    /// Some of the answer cannot be read (see the module docs): calls still waiting when the
+    /// exchange ends are unobserved, not failed.
+    answers_lost: bool,
 }
 
 /// Counters for `--debug`.
@@ -205,24 +244,57 @@ pub struct WatchTotals {
 struct Watcher<S: EventSink> {
     observer: Observer<S>,
     exchanges: BTreeMap<u64, Exchange>,
-    /// Session hash → (scope, order of first sight).
+    /// Session name → (scope, order of first sight).
     sessions: HashMap<String, (StreamId, u64)>,
     next_scope: u64,
     totals: WatchTotals,
+    /// `None`: no randomness for a key; sessions are then told apart but not named in events.
+    namer: Option<SessionNamer>,
+    /// The channel's counters, and how many drops have been accounted for.
+    stats: Arc<WatchStats>,
+    drops_seen: u64,
+}
+
+impl<S: EventSink> Watcher<S> {
+    fn new(observer: Observer<S>, stats: Arc<WatchStats>) -> Self {
+        let namer = SessionNamer::new();
+        if namer.is_none() {
+            tracing::warn!("No randomness for a session key: events carry no session.id");
+        }
+        Watcher {
+            observer,
+            exchanges: BTreeMap::new(),
+            sessions: HashMap::new(),
+            next_scope: 1,
+            totals: WatchTotals::default(),
+            namer,
+            stats,
+            drops_seen: 0,
+        }
+    }
+
+    /// Before each message and each timeout check: if the channel dropped messages since the
+    /// last look, any exchange open now may have lost some (its answer, its end), and so may
+    /// any call the observer holds. A drop is counted before the next message of its sender is
+    /// sent, so the message that would have completed a truncated answer never comes first.
+    fn account_drops(&mut self) {
+        let dropped = self.stats.dropped.load(Ordering::Relaxed);
+        if dropped == self.drops_seen {
+            return;
+        }
+        self.drops_seen = dropped;
+        for x in self.exchanges.values_mut() {
+            x.answers_lost = true;
+        }
+        self.observer
+            .on_gap(Direction::ServerToClient, Instant::now());
+    }
 }
 
 /// Runs until every sender is gone, then returns the observer for `finish`.
-pub async fn run<S: EventSink>(
-    mut rx: mpsc::Receiver<WatchMsg>,
-    observer: Observer<S>,
-) -> (Observer<S>, WatchTotals) {
-    let mut w = Watcher {
-        observer,
-        exchanges: BTreeMap::new(),
-        sessions: HashMap::new(),
-        next_scope: 1,
-        totals: WatchTotals::default(),
-    };
+pub async fn run<S: EventSink>(rx: WatchRx, observer: Observer<S>) -> (Observer<S>, WatchTotals) {
+    let WatchRx { mut rx, stats } = rx;
+    let mut w = Watcher::new(observer, stats);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     'run: loop {
@@ -231,7 +303,10 @@ pub async fn run<S: EventSink>(
                 Some(m) => w.handle(m),
                 None => break,
             },
-            _ = tick.tick() => w.observer.on_tick(Instant::now()),
+            _ = tick.tick() => {
+                w.account_drops();
+                w.observer.on_tick(Instant::now());
+            }
         }
         // Drain what queued meanwhile, then pause briefly without waiting on the channel:
         // messages sent during the pause wake no one, so the relay pays for about one
@@ -245,6 +320,7 @@ pub async fn run<S: EventSink>(
         }
         tokio::time::sleep(BATCH_WINDOW).await;
     }
+    w.account_drops();
     // Whatever is still open ended with the process.
     let now = Instant::now();
     let open: Vec<u64> = w.exchanges.keys().copied().collect();
@@ -260,11 +336,14 @@ fn is_2xx(status: u16) -> bool {
 
 impl<S: EventSink> Watcher<S> {
     fn handle(&mut self, msg: WatchMsg) {
+        self.account_drops();
         match msg {
             WatchMsg::Request { ex, kind, session } => {
                 self.totals.exchanges += 1;
                 if self.exchanges.len() >= MAX_EXCHANGES {
-                    if let Some((&old, _)) = self.exchanges.iter().next() {
+                    if let Some((&old, x)) = self.exchanges.iter_mut().next() {
+                        // No longer watched: whatever answer it gets goes unseen.
+                        x.answers_lost = true;
                         self.totals.evicted += 1;
                         self.finish_exchange(old, Instant::now(), EndCause::SessionEnd);
                     }
@@ -284,6 +363,8 @@ impl<S: EventSink> Watcher<S> {
                         resp: None,
                         pending: Vec::new(),
                         pending_bytes: 0,
+                        calls: Vec::new(),
+                        answers_lost: false,
                     },
                 );
             }
@@ -318,7 +399,14 @@ impl<S: EventSink> Watcher<S> {
     }
 
     fn scope_for_session(&mut self, raw: &HeaderValue) -> StreamId {
-        let hash = session_hash(raw.as_bytes());
+        // Without a key, a plain digest still tells sessions apart here; it never leaves.
+        let (hash, named) = match &self.namer {
+            Some(n) => (n.name(raw.as_bytes()), true),
+            None => {
+                let d = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+                (crate::event::hex_lower(d.as_ref()), false)
+            }
+        };
         if let Some((scope, _)) = self.sessions.get(&hash) {
             return *scope;
         }
@@ -338,7 +426,9 @@ impl<S: EventSink> Watcher<S> {
         let scope = StreamId(self.next_scope);
         self.next_scope += 1;
         self.sessions.insert(hash.clone(), (scope, scope.0));
-        self.observer.set_scope_session(scope, hash);
+        if named {
+            self.observer.set_scope_session(scope, hash);
+        }
         scope
     }
 
@@ -413,13 +503,13 @@ impl<S: EventSink> Watcher<S> {
         } else {
             RespBody::Ignored
         };
-        let unreadable = compressed && (sse || json);
+        let readable = matches!(body, RespBody::Json { .. } | RespBody::Sse(_));
         let Some(x) = self.exchanges.get_mut(&ex) else {
             return;
         };
-        if unreadable {
-            // Its answers cannot be read: reporting its calls would invent timeouts.
-            x.req_usable = false;
+        if !readable && is_2xx(status) && x.kind == ReqKind::Post {
+            // The calls succeeded as far as anyone can tell; their answers cannot be read.
+            x.answers_lost = true;
         }
         x.status = Some(status);
         x.resp = Some(body);
@@ -458,10 +548,13 @@ impl<S: EventSink> Watcher<S> {
         let pending = std::mem::take(&mut x.pending);
         x.pending_bytes = 0;
         let status = x.status;
+        let kind = x.kind;
         if usable {
-            self.observer
-                .on_frame(scope, Direction::ClientToServer, seen, &req);
-        } else if x.kind == ReqKind::Post {
+            let calls = self.observer.on_request_body(scope, seen, &req);
+            if let Some(x) = self.exchanges.get_mut(&ex) {
+                x.calls = calls;
+            }
+        } else if kind == ReqKind::Post {
             self.totals.unparsed_bodies += 1;
         }
         for (t, frame) in pending {
@@ -494,7 +587,12 @@ impl<S: EventSink> Watcher<S> {
             Direction::ServerToClient => {
                 let mut frames: Vec<Vec<u8>> = Vec::new();
                 match &mut x.resp {
-                    None | Some(RespBody::Ignored) => return,
+                    None => {
+                        // A body without a head: the head was dropped.
+                        x.answers_lost = true;
+                        return;
+                    }
+                    Some(RespBody::Ignored) => return,
                     Some(RespBody::Json { buf, usable }) => {
                         if !*usable {
                             return;
@@ -502,6 +600,7 @@ impl<S: EventSink> Watcher<S> {
                         if gap || buf.len() + bytes.len() > MAX_OBSERVED_BODY {
                             *usable = false;
                             *buf = Vec::new();
+                            x.answers_lost = true;
                         } else {
                             buf.extend_from_slice(bytes);
                         }
@@ -510,6 +609,7 @@ impl<S: EventSink> Watcher<S> {
                     Some(RespBody::Sse(p)) => {
                         if gap {
                             p.lost_bytes();
+                            x.answers_lost = true;
                         }
                         p.feed(bytes, &mut |data| frames.push(data.to_vec()));
                     }
@@ -558,6 +658,10 @@ impl<S: EventSink> Watcher<S> {
                 }
             }
             Direction::ServerToClient => {
+                if x.resp.is_none() && how != BodyEnd::ReaderGone {
+                    // A body ended whose head never came: the head was dropped.
+                    x.answers_lost = true;
+                }
                 if let Some(RespBody::Json { buf, usable }) = x.resp.take() {
                     if usable && complete && !buf.is_empty() {
                         self.s2c_frame(ex, seen, buf);
@@ -592,6 +696,9 @@ impl<S: EventSink> Watcher<S> {
         let Some(x) = self.exchanges.remove(&ex) else {
             return;
         };
+        if let (Some(scope), true) = (x.scope, x.answers_lost) {
+            self.observer.end_unobserved(scope, &x.calls);
+        }
         if let (Some(scope), true) = (x.scope, x.own_scope) {
             self.observer.end_scope(scope, seen, cause);
         }
@@ -601,14 +708,182 @@ impl<S: EventSink> Watcher<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::Event;
+    use crate::observe::{ObserverConfig, ObserverStats, Transport};
 
     #[test]
-    fn session_hash_is_short_stable_hex_and_not_the_raw_value() {
-        let h = session_hash(b"secret-session-123");
+    fn session_name_is_short_stable_hex_keyed_per_namer() {
+        let namer = SessionNamer::new().expect("randomness");
+        let h = namer.name(b"secret-session-123");
         assert_eq!(h.len(), SESSION_HASH_HEX);
         assert!(h.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(h, session_hash(b"secret-session-123"));
-        assert_ne!(h, session_hash(b"secret-session-124"));
+        assert_eq!(h, namer.name(b"secret-session-123"));
+        assert_ne!(h, namer.name(b"secret-session-124"));
         assert!(!h.contains("secret"));
+        let other = SessionNamer::new().expect("randomness");
+        assert_ne!(
+            h,
+            other.name(b"secret-session-123"),
+            "another key, another name"
+        );
+        let plain = ring::digest::digest(&ring::digest::SHA256, b"secret-session-123");
+        assert_ne!(
+            h,
+            crate::event::hex_lower(&plain.as_ref()[..SESSION_HASH_HEX / 2])
+        );
+    }
+
+    const CALL: &[u8] =
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#;
+    const ANSWER: &[u8] = br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#;
+
+    fn watcher() -> Watcher<Vec<Event>> {
+        let cfg = ObserverConfig {
+            transport: Transport::Http {
+                host: "127.0.0.1:9".into(),
+            },
+            server_name: None,
+            actor: "mcp:k1".into(),
+            on_behalf_of: None,
+            capture: vec![],
+            call_timeout: Duration::from_secs(30),
+        };
+        Watcher::new(Observer::new(cfg, Vec::new()), Arc::default())
+    }
+
+    fn chunk(dir: Direction, bytes: &'static [u8], after_gap: bool) -> WatchMsg {
+        WatchMsg::Chunk {
+            ex: 1,
+            dir,
+            seen: Instant::now(),
+            bytes: Bytes::from_static(bytes),
+            after_gap,
+        }
+    }
+
+    fn end(dir: Direction) -> WatchMsg {
+        WatchMsg::End {
+            ex: 1,
+            dir,
+            seen: Instant::now(),
+            how: BodyEnd::Complete,
+        }
+    }
+
+    /// One POST carrying [`CALL`], answered 200 with `content_type`; `answer` are the response
+    /// body's messages as the watcher gets them.
+    fn exchange(content_type: &'static str, answer: Vec<WatchMsg>) -> (ObserverStats, Vec<Event>) {
+        let mut w = watcher();
+        w.handle(WatchMsg::Request {
+            ex: 1,
+            kind: ReqKind::Post,
+            session: None,
+        });
+        w.handle(chunk(Direction::ClientToServer, CALL, false));
+        w.handle(end(Direction::ClientToServer));
+        w.handle(WatchMsg::Response {
+            ex: 1,
+            status: 200,
+            session: None,
+            content_type: Some(HeaderValue::from_static(content_type)),
+            content_encoding: None,
+            seen: Instant::now(),
+        });
+        for m in answer {
+            w.handle(m);
+        }
+        w.handle(end(Direction::ServerToClient));
+        w.observer.finish(Instant::now(), EndCause::SessionEnd)
+    }
+
+    #[test]
+    fn a_read_answer_is_reported() {
+        let s2c = Direction::ServerToClient;
+        let (stats, events) = exchange("application/json", vec![chunk(s2c, ANSWER, false)]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].status, 200);
+        assert_eq!(stats.unobserved, 0);
+    }
+
+    /// A chunk of the answer was dropped (full channel): the call succeeded for the client, so
+    /// it makes no event rather than a false 504, and is counted as unobserved.
+    #[test]
+    fn dropped_chunk_makes_the_call_unobserved_not_a_timeout() {
+        let s2c = Direction::ServerToClient;
+        let (head, tail) = ANSWER.split_at(20);
+        let (_, tail) = tail.split_at(5);
+        for ct in ["application/json", "text/event-stream"] {
+            let (head, tail): (&'static [u8], &'static [u8]) = if ct == "application/json" {
+                (head, tail)
+            } else {
+                (b"event: message\ndata: ", b"\n\n")
+            };
+            let (stats, events) =
+                exchange(ct, vec![chunk(s2c, head, false), chunk(s2c, tail, true)]);
+            assert!(events.is_empty(), "{ct}: {events:?}");
+            assert_eq!(stats.unobserved, 1, "{ct}");
+        }
+    }
+
+    /// The last chunk of an answer was dropped: no later chunk carries the gap, but the
+    /// channel's drop counter, bumped before the end was sent, does.
+    #[test]
+    fn dropped_last_chunk_is_known_from_the_drop_counter() {
+        let mut w = watcher();
+        w.handle(WatchMsg::Request {
+            ex: 1,
+            kind: ReqKind::Post,
+            session: Some(HeaderValue::from_static("s-1")),
+        });
+        w.handle(chunk(Direction::ClientToServer, CALL, false));
+        w.handle(end(Direction::ClientToServer));
+        w.handle(WatchMsg::Response {
+            ex: 1,
+            status: 200,
+            session: None,
+            content_type: Some(HeaderValue::from_static("application/json")),
+            content_encoding: None,
+            seen: Instant::now(),
+        });
+        w.handle(chunk(Direction::ServerToClient, &ANSWER[..20], false));
+        w.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        w.handle(end(Direction::ServerToClient));
+        let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(stats.unobserved, 1);
+    }
+
+    /// A call whose exchange end was dropped stays open in its session until the call timeout:
+    /// then too it is unobserved, not a 504.
+    #[test]
+    fn call_open_across_a_drop_times_out_unobserved() {
+        let mut w = watcher();
+        w.handle(WatchMsg::Request {
+            ex: 1,
+            kind: ReqKind::Post,
+            session: Some(HeaderValue::from_static("s-1")),
+        });
+        w.handle(chunk(Direction::ClientToServer, CALL, false));
+        w.handle(end(Direction::ClientToServer));
+        w.handle(WatchMsg::Response {
+            ex: 1,
+            status: 200,
+            session: None,
+            content_type: Some(HeaderValue::from_static("application/json")),
+            content_encoding: None,
+            seen: Instant::now(),
+        });
+        // The body's chunks and its end were all dropped; the next message is another POST's.
+        w.stats.dropped.fetch_add(2, Ordering::Relaxed);
+        w.handle(WatchMsg::Request {
+            ex: 2,
+            kind: ReqKind::Post,
+            session: None,
+        });
+        w.observer.on_tick(Instant::now() + Duration::from_secs(31));
+        assert_eq!(w.observer.open_actions(), 0);
+        let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(stats.unobserved, 1);
     }
 }
