@@ -1215,3 +1215,110 @@ fn accepted_events_survive_a_sigkill_of_the_ingest() {
     assert_eq!(status, 200, "the token minted before the crash still works");
     assert!(served.stop().success());
 }
+
+// ---- Issue 14: one key holder must not break or starve the ingest ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_past_a_billion_is_400_and_the_sensors_view_keeps_answering() {
+    let ing = start().await;
+    let key = ing.admin.mint("acme", None).await.expect("mint");
+    // Two batches of u64::MAX used to turn the SQLite counter into a REAL, and every later
+    // sensors view into a 503.
+    for _ in 0..2 {
+        let mut b = batch(vec![]);
+        b["dropped"] = json!(u64::MAX);
+        let (status, body) = ing.post(&key.token, &b).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("dropped"));
+    }
+    let (status, body) = ing.get("/v1/admin/sensors", &ing.admin_secret()).await;
+    assert_eq!(status, 200, "{body}");
+    // The largest allowed value still adds up, as an integer.
+    for _ in 0..2 {
+        let mut b = batch(vec![]);
+        b["dropped"] = json!(1_000_000_000u64);
+        assert_eq!(ing.post(&key.token, &b).await.0, 200);
+    }
+    let (status, body) = ing.get("/v1/admin/sensors", &ing.admin_secret()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["sensors"][0]["dropped"], 2_000_000_000u64);
+    ing.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_counted_while_reading_and_oversized_events_are_rejected_alone() {
+    let ing = start().await;
+    let key = ing.admin.mint("acme", None).await.expect("mint");
+    let auth = format!("Bearer {}", key.token);
+    // 501 events then bytes that are not JSON: counting stops at the 501st, before them.
+    let mut body = br#"{"v":2,"dropped":0,"events":["#.to_vec();
+    for i in 0..501u64 {
+        body.extend_from_slice(&serde_json::to_vec(&refund(i + 1, 1)).expect("json"));
+        body.push(b',');
+    }
+    body.extend_from_slice(b"this is not json");
+    let (status, v) = ing.post_raw(Some(&auth), body).await;
+    assert_eq!(status, 413, "{v}");
+    assert!(
+        v["error"].as_str().unwrap_or_default().contains("500"),
+        "{v}"
+    );
+
+    // An event past the per-event size is rejected alone, never parsed; the others land.
+    let mut big = refund(2, 1);
+    big["padding"] = json!("x".repeat(ingest::batch::MAX_EVENT_BYTES));
+    let (status, v) = ing.post(&key.token, &batch(vec![refund(1, 1), big])).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v, json!({ "accepted": 1, "rejected": 1, "duplicates": 0 }));
+    ing.stop().await;
+}
+
+/// Peak resident set (`VmHWM`) of a process, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_four_megabyte_array_of_zeros_is_never_built_as_a_tree() {
+    install_tls_provider();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = db_in(dir.path());
+    let served = serve(&db);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let secret = std::fs::read_to_string(ingest::keys::admin_secret_path(&db)).expect("secret");
+    let admin = AdminClient::new(&served.base, secret.trim()).expect("admin");
+    let key = rt.block_on(admin.mint("acme", None)).expect("mint");
+    let before = peak_rss_kib(served.child.id());
+    // `[0,0,…]` just under the 4 MiB limit: two million elements, once a 64+ MiB `Value` tree.
+    let mut body = br#"{"v":2,"dropped":0,"events":[0"#.to_vec();
+    while body.len() < 4 * 1024 * 1024 - 16 {
+        body.extend_from_slice(b",0");
+    }
+    body.extend_from_slice(b"]}");
+    let status = rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{}/v1/events", served.base))
+            .bearer_auth(&key.token)
+            .body(body)
+            .send()
+            .await
+            .expect("post")
+            .status()
+            .as_u16()
+    });
+    assert_eq!(status, 413);
+    let grew_mib = peak_rss_kib(served.child.id()).saturating_sub(before) / 1024;
+    // The body itself, read and copied: ~8 MiB; a tree of it: 60+ MiB.
+    assert!(grew_mib < 32, "peak RSS grew by {grew_mib} MiB");
+    served.stop();
+}

@@ -6,6 +6,7 @@
 //! path: nothing in the sensor calls into it, and it never reads `std::env` (the binary does).
 //!
 //! * [`server`]: the HTTP routes and status codes.
+//! * [`batch`]: reading a batch body without building it as a tree.
 //! * [`store`]: SQLite (WAL, `synchronous=FULL`, one writer thread with group commit).
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
@@ -19,13 +20,15 @@
 //!
 //! | route | auth | answer |
 //! |---|---|---|
-//! | `POST /v1/events` | sensor token | 200 `{accepted, rejected, duplicates}` after commit; 400 malformed JSON, invalid UTF-8 or batch shape; 401 bad/unknown/revoked token; 408 body too slow; 413 body over [`DEFAULT_MAX_BODY_BYTES`] or more than 500 events |
+//! | `POST /v1/events` | sensor token | 200 `{accepted, rejected, duplicates}` after commit; 400 malformed JSON, invalid UTF-8 or batch shape (`dropped` over [`batch::MAX_DROPPED_PER_BATCH`] included); 401 bad/unknown/revoked token; 408 body too slow; 413 body over [`DEFAULT_MAX_BODY_BYTES`] or more than 500 events |
 //! | `POST /v1/admin/keys` `{org, name?}` | admin secret | 201 `{keyId, token, org, name?}` |
 //! | `DELETE /v1/admin/keys/{keyId}` | admin secret | 204 (also when already revoked), 404 unknown |
 //! | `GET /v1/rollups?org=` | admin secret | `{rollups: [{org, actor, action, class, count, sums}]}` |
 //! | `GET /v1/events?org&actor&action&class&limit` | admin secret | `{events: [...]}` newest received first; `limit` 1-1000, default 100 |
 //! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen}]}` |
 //! | `GET /healthz` | none | 200 |
+//!
+//! Per-sensor counters saturate at `i64::MAX`.
 //!
 //! Both secrets travel as `Authorization: Bearer …`. A schema-invalid event is rejected alone
 //! and counted; `org` and `sensor` on stored events come from the key; an event id is stored once
@@ -48,6 +51,7 @@
 //! ```
 
 pub mod admin;
+pub mod batch;
 pub mod keys;
 pub mod server;
 pub mod store;

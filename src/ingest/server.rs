@@ -22,6 +22,7 @@ use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Map, Value};
 
+use super::batch::{self, BatchError, MAX_EVENT_BYTES};
 use super::keys::{AdminSecret, Signer};
 use super::store::{
     BatchOutcome, BatchWrite, EventQuery, EventRow, KeyRecord, RevokeOutcome, Store, StoreError,
@@ -47,14 +48,10 @@ pub const MAX_EVENTS_LIMIT: u32 = 1000;
 const MAX_ADMIN_BODY_BYTES: usize = 16 * 1024;
 /// Longest org or key name accepted at minting.
 pub const MAX_ORG_LEN: usize = 128;
-/// Longest sensor `version` / `transport` string recorded per sensor.
-const MAX_SENSOR_INFO_LEN: usize = 64;
 /// Batches read, filtered and written at the same time. Bounds memory (each may hold up to the
 /// body limit plus its parsed form) without costing throughput: past a few, the cores and the
 /// single writer are the limit, and later batches simply wait their turn.
 pub const MAX_CONCURRENT_BATCHES: usize = 16;
-/// Highest batch envelope version understood (DESIGN §4).
-const MAX_BATCH_VERSION: u64 = 2;
 
 pub(crate) struct AppState {
     pub store: Arc<Store>,
@@ -209,83 +206,37 @@ async fn read_body(
     }
 }
 
-/// Why a batch was refused as a whole.
-#[derive(Debug)]
-enum BatchError {
-    Malformed(String),
-    TooMany { got: usize, max: usize },
-}
-
-impl BatchError {
-    fn into_api(self) -> ApiError {
-        match self {
-            BatchError::Malformed(m) => error(StatusCode::BAD_REQUEST, m),
-            BatchError::TooMany { got, max } => error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("batch has {got} events; at most {max} per batch"),
-            ),
-        }
+fn batch_error(e: BatchError) -> ApiError {
+    match e {
+        BatchError::Malformed(m) => error(StatusCode::BAD_REQUEST, m),
+        BatchError::TooMany { max } => error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("batch has more than {max} events; at most {max} per batch"),
+        ),
     }
 }
 
-fn bounded_str(v: Option<&Value>) -> Option<String> {
-    v.and_then(Value::as_str)
-        .map(|s| s.chars().take(MAX_SENSOR_INFO_LEN).collect())
-}
-
-/// Parses a batch and runs every event through the shared filter, stamping `org`, `sensor` and
-/// `receivedAt`. Returns the rows to write and how many events were rejected.
+/// Parses a batch (counting and validating while reading, see [`batch`]) and runs every event
+/// through the shared filter, stamping `org`, `sensor` and `receivedAt`. Returns the rows to
+/// write and how many events were rejected. Only one event at a time becomes a `Value`, and only
+/// one of at most [`MAX_EVENT_BYTES`].
 fn prepare_batch(
     body: &[u8],
     key: &KeyRecord,
     max_events: usize,
 ) -> Result<(BatchWrite, u64), BatchError> {
-    let batch: Value = serde_json::from_slice(body)
-        .map_err(|e| BatchError::Malformed(format!("body is not valid JSON: {e}")))?;
-    let Value::Object(mut batch) = batch else {
-        return Err(BatchError::Malformed("batch must be a JSON object".into()));
-    };
-    match batch.get("v") {
-        Some(Value::Number(n))
-            if n.as_u64()
-                .is_some_and(|v| (1..=MAX_BATCH_VERSION).contains(&v)) => {}
-        _ => {
-            return Err(BatchError::Malformed(format!(
-                "batch `v` must be an integer from 1 to {MAX_BATCH_VERSION}"
-            )))
-        }
-    }
-    let dropped = match batch.get("dropped") {
-        None | Some(Value::Null) => 0,
-        Some(v) => v.as_u64().ok_or_else(|| {
-            BatchError::Malformed("batch `dropped` must be a non-negative integer".into())
-        })?,
-    };
-    let sensor = batch.get("sensor").and_then(Value::as_object);
-    let sensor_version = bounded_str(sensor.and_then(|s| s.get("version")));
-    let sensor_transport = bounded_str(sensor.and_then(|s| s.get("transport")));
-    let events = match batch.remove("events") {
-        Some(Value::Array(a)) => a,
-        _ => {
-            return Err(BatchError::Malformed(
-                "batch `events` must be an array".into(),
-            ))
-        }
-    };
-    if events.len() > max_events {
-        return Err(BatchError::TooMany {
-            got: events.len(),
-            max: max_events,
-        });
-    }
+    let raw = batch::parse(body, max_events)?;
     let received_at = crate::event::rfc3339_ms(SystemTime::now());
-    let mut rows = Vec::with_capacity(events.len());
+    let mut rows = Vec::with_capacity(raw.events.len());
     let mut rejected = 0u64;
-    for ev in &events {
-        match validate_and_filter_event(ev)
-            .ok()
-            .and_then(|f| stamp(f, key, &received_at))
-        {
+    for text in raw.events {
+        let text = text.get();
+        let row = (text.len() <= MAX_EVENT_BYTES)
+            .then(|| serde_json::from_str::<Value>(text).ok())
+            .flatten()
+            .and_then(|ev| validate_and_filter_event(&ev).ok())
+            .and_then(|f| stamp(f, key, &received_at));
+        match row {
             Some(row) => rows.push(row),
             None => rejected += 1,
         }
@@ -296,9 +247,9 @@ fn prepare_batch(
             org: key.org.clone(),
             received_at,
             rows,
-            dropped,
-            sensor_version,
-            sensor_transport,
+            dropped: raw.dropped,
+            sensor_version: raw.sensor_version,
+            sensor_transport: raw.sensor_transport,
         },
         rejected,
     ))
@@ -355,7 +306,7 @@ async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body
     let prepared =
         tokio::task::spawn_blocking(move || prepare_batch(&bytes, &key, max_events)).await;
     let (write, rejected) = match prepared {
-        Ok(p) => p.map_err(BatchError::into_api)?,
+        Ok(p) => p.map_err(batch_error)?,
         Err(e) => {
             tracing::warn!(error = %e, "Batch preparation task failed");
             return Err(error(
