@@ -1248,6 +1248,102 @@ async fn dropped_past_a_billion_is_400_and_the_sensors_view_keeps_answering() {
     ing.stop().await;
 }
 
+/// Opens a connection that sends a batch's head and the first bytes of a 1000-byte body, then
+/// nothing more.
+async fn slow_body(addr: std::net::SocketAddr, token: &str) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"v\":2"
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    s
+}
+
+/// The answer's head on `s`, or "" if none came within `within`.
+async fn answer_head(s: &mut tokio::net::TcpStream, within: Duration) -> String {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    let _ = tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut tmp).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    buf.extend_from_slice(&tmp[..n]);
+                    if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&buf).to_ascii_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_of_one_key_do_not_starve_another_key() {
+    let ing = start().await;
+    let a = ing.admin.mint("acme", Some("a")).await.expect("mint");
+    let b = ing.admin.mint("acme", Some("b")).await.expect("mint");
+    let addr = ing.running.as_ref().expect("running").addr();
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        slow.push(slow_body(addr, &a.token).await);
+    }
+    // Let the server take them all in before B posts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = std::time::Instant::now();
+    let answered = tokio::time::timeout(
+        Duration::from_secs(10),
+        ing.post(&b.token, &batch(vec![refund(1, 1)])),
+    )
+    .await;
+    let took = t.elapsed();
+    // The target is 1 s; the margin is for a loaded machine (before the fix: ~30 s).
+    let (status, body) = answered.expect("B answered while A's bodies trickle");
+    assert_eq!(status, 200, "{body}");
+    assert!(took < Duration::from_secs(5), "B waited {took:?}");
+
+    // A's batches past its per-key limit were told to come back later, not held. Read all
+    // at once: the refused answer within about a second, the admitted ones not at all.
+    let heads = futures_util::future::join_all(
+        slow.iter_mut()
+            .map(|s| answer_head(s, Duration::from_secs(5))),
+    )
+    .await;
+    let mut refused = 0;
+    for head in heads {
+        if head.starts_with("http/1.1 429") {
+            assert!(head.contains("retry-after: 1"), "{head}");
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 20 - ingest::DEFAULT_MAX_BATCHES_PER_KEY,
+        "{refused} refused"
+    );
+
+    // And an operator sees it.
+    let sensors = ing.admin.sensors().await.expect("sensors");
+    let of = |id: &str| {
+        sensors
+            .iter()
+            .find(|s| s["keyId"] == id)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(
+        of(&a.key_id)["refused"]["rate"],
+        json!(refused),
+        "{sensors:?}"
+    );
+    assert_eq!(of(&a.key_id)["refused"]["slots"], 0);
+    assert_eq!(of(&b.key_id)["refused"], json!({ "rate": 0, "slots": 0 }));
+    assert_eq!(of(&b.key_id)["accepted"], 1);
+    drop(slow);
+    ing.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_are_counted_while_reading_and_oversized_events_are_rejected_alone() {
     let ing = start().await;

@@ -6,6 +6,7 @@
 //! path: nothing in the sensor calls into it, and it never reads `std::env` (the binary does).
 //!
 //! * [`server`]: the HTTP routes and status codes.
+//! * [`admission`]: the per-key limit and the shared batch slots, refusals counted per key.
 //! * [`batch`]: reading a batch body without building it as a tree.
 //! * [`store`]: SQLite (WAL, `synchronous=FULL`, one writer thread with group commit).
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
@@ -20,12 +21,12 @@
 //!
 //! | route | auth | answer |
 //! |---|---|---|
-//! | `POST /v1/events` | sensor token | 200 `{accepted, rejected, duplicates}` after commit; 400 malformed JSON, invalid UTF-8 or batch shape (`dropped` over [`batch::MAX_DROPPED_PER_BATCH`] included); 401 bad/unknown/revoked token; 408 body too slow; 413 body over [`DEFAULT_MAX_BODY_BYTES`] or more than 500 events |
+//! | `POST /v1/events` | sensor token | 200 `{accepted, rejected, duplicates}` after commit; 400 malformed JSON, invalid UTF-8 or batch shape (`dropped` over [`batch::MAX_DROPPED_PER_BATCH`] included); 401 bad/unknown/revoked token; 408 body too slow; 413 body over [`DEFAULT_MAX_BODY_BYTES`] or more than 500 events; 429 the key already has [`DEFAULT_MAX_BATCHES_PER_KEY`] batches in progress, 503 no batch slot free within [`DEFAULT_SLOT_WAIT`] (both with `Retry-After: 1`) |
 //! | `POST /v1/admin/keys` `{org, name?}` | admin secret | 201 `{keyId, token, org, name?}` |
 //! | `DELETE /v1/admin/keys/{keyId}` | admin secret | 204 (also when already revoked), 404 unknown |
 //! | `GET /v1/rollups?org=` | admin secret | `{rollups: [{org, actor, action, class, count, sums}]}` |
 //! | `GET /v1/events?org&actor&action&class&limit` | admin secret | `{events: [...]}` newest received first; `limit` 1-1000, default 100 |
-//! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen}]}` |
+//! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen, refused: {rate, slots}}]}`; `refused` counts 429s and 503s since start |
 //! | `GET /healthz` | none | 200 |
 //!
 //! Per-sensor counters saturate at `i64::MAX`.
@@ -51,6 +52,7 @@
 //! ```
 
 pub mod admin;
+pub mod admission;
 pub mod batch;
 pub mod keys;
 pub mod server;
@@ -91,6 +93,20 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// trickling in slower than this is holding a batch slot for nothing.
 pub const DEFAULT_BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Batches parsed, filtered and written at the same time, over all keys. Bounds memory (each
+/// holds its body plus its prepared rows) without costing throughput: past a few, the cores and
+/// the single writer are the limit.
+pub const DEFAULT_MAX_CONCURRENT_BATCHES: usize = 16;
+
+/// Batches of one key in progress at once, body reading included. A sensor posts one batch at a
+/// time; a few keep room for several processes sharing a key, and the limit stops one key
+/// holder from taking every slot or holding many bodies in memory.
+pub const DEFAULT_MAX_BATCHES_PER_KEY: usize = 4;
+
+/// Longest wait for the key's turn or a shared slot before the batch is refused with
+/// `Retry-After` (429 or 503): a sensor retries later rather than holding a connection.
+pub const DEFAULT_SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long shutdown waits for requests in flight before cutting them off.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -103,6 +119,12 @@ pub struct Limits {
     pub max_batch_events: usize,
     /// A body not fully received within this → 408.
     pub body_read_timeout: std::time::Duration,
+    /// Shared batch slots (see [`DEFAULT_MAX_CONCURRENT_BATCHES`]).
+    pub max_concurrent_batches: usize,
+    /// Batches in progress per key (see [`DEFAULT_MAX_BATCHES_PER_KEY`]); past it → 429.
+    pub max_batches_per_key: usize,
+    /// Longest wait for the key's turn or a slot (see [`DEFAULT_SLOT_WAIT`]); past it → 429/503.
+    pub slot_wait: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -111,6 +133,9 @@ impl Default for Limits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_batch_events: crate::event::MAX_BATCH_EVENTS,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            max_concurrent_batches: DEFAULT_MAX_CONCURRENT_BATCHES,
+            max_batches_per_key: DEFAULT_MAX_BATCHES_PER_KEY,
+            slot_wait: DEFAULT_SLOT_WAIT,
         }
     }
 }
@@ -234,7 +259,7 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         signer,
         admin,
         limits: cfg.limits,
-        batch_slots: tokio::sync::Semaphore::new(server::MAX_CONCURRENT_BATCHES),
+        admission: admission::Admission::new(&cfg.limits),
     });
     let app = server::router(state);
     let (stop, stopped) = oneshot::channel::<()>();

@@ -6,7 +6,9 @@
 //! JSON `{ "error": … }` body and never a 500 or a panic; a 5xx only means the store failed.
 //! It never trusts the batch for `org` or `sensor` (both come from the key), never stores an
 //! event that did not pass `validate_and_filter_event`, and never runs SQLite or a large parse
-//! on an async worker thread.
+//! on an async worker thread. A batch is admitted in two steps ([`super::admission`]): its key's
+//! turn before the body is read, a shared slot after; a refusal is a 429 or 503 with
+//! `Retry-After`, never a wait longer than a second.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Map, Value};
 
+use super::admission::{Admission, Refusal};
 use super::batch::{self, BatchError, MAX_EVENT_BYTES};
 use super::keys::{AdminSecret, Signer};
 use super::store::{
@@ -48,18 +51,19 @@ pub const MAX_EVENTS_LIMIT: u32 = 1000;
 const MAX_ADMIN_BODY_BYTES: usize = 16 * 1024;
 /// Longest org or key name accepted at minting.
 pub const MAX_ORG_LEN: usize = 128;
-/// Batches read, filtered and written at the same time. Bounds memory (each may hold up to the
-/// body limit plus its parsed form) without costing throughput: past a few, the cores and the
-/// single writer are the limit, and later batches simply wait their turn.
-pub const MAX_CONCURRENT_BATCHES: usize = 16;
+/// Shared batch slots by default; see [`super::Limits::max_concurrent_batches`].
+pub const MAX_CONCURRENT_BATCHES: usize = super::DEFAULT_MAX_CONCURRENT_BATCHES;
+/// `Retry-After` (seconds) on a batch refused for the key's limit (429) or the slots (503):
+/// slots free up as soon as a batch commits, so a second is enough.
+const RETRY_AFTER_SECS: &str = "1";
 
 pub(crate) struct AppState {
     pub store: Arc<Store>,
     pub signer: Signer,
     pub admin: AdminSecret,
     pub limits: Limits,
-    /// One permit per batch in progress ([`MAX_CONCURRENT_BATCHES`]).
-    pub batch_slots: tokio::sync::Semaphore,
+    /// The per-key limit and the shared batch slots, with refusals counted per key.
+    pub admission: Admission,
 }
 
 type Shared = Arc<AppState>;
@@ -81,6 +85,8 @@ pub(crate) fn router(state: Shared) -> Router {
 struct ApiError {
     status: StatusCode,
     message: String,
+    /// Sends `Retry-After` ([`RETRY_AFTER_SECS`]).
+    retry_after: bool,
 }
 
 impl IntoResponse for ApiError {
@@ -90,6 +96,12 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if self.retry_after {
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
         r
     }
 }
@@ -98,7 +110,22 @@ fn error(status: StatusCode, msg: impl Into<String>) -> ApiError {
     ApiError {
         status,
         message: msg.into(),
+        retry_after: false,
     }
+}
+
+/// A batch not admitted: 429 when its key already has its share in flight, 503 when no slot
+/// freed up in time; both ask the sensor to come back after [`RETRY_AFTER_SECS`].
+fn refused(why: Refusal) -> ApiError {
+    let mut e = match why {
+        Refusal::Rate => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many batches of this key in progress; retry later",
+        ),
+        Refusal::Slots => error(StatusCode::SERVICE_UNAVAILABLE, "ingest busy; retry later"),
+    };
+    e.retry_after = true;
+    e
 }
 
 fn unauthorized(msg: &str) -> ApiError {
@@ -288,13 +315,13 @@ fn stamp(filtered: Value, key: &KeyRecord, received_at: &str) -> Option<EventRow
 
 async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
     let key = authenticate_sensor(&state, &headers)?;
-    // The semaphore is never closed, so acquiring only fails if that changes; answer 503 then.
-    let _slot = state.batch_slots.acquire().await.map_err(|_| {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting down; retry later",
-        )
-    })?;
+    // The key's turn before its body (bounds what one key holds in memory), the shared slot
+    // only once the body is in (a slow body never holds a slot other keys need).
+    let _turn = state
+        .admission
+        .key_turn(&key.key_id)
+        .await
+        .map_err(refused)?;
     let bytes = read_body(
         &headers,
         body,
@@ -302,6 +329,7 @@ async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body
         state.limits.body_read_timeout,
     )
     .await?;
+    let _slot = state.admission.slot(&key.key_id).await.map_err(refused)?;
     let max_events = state.limits.max_batch_events;
     let prepared =
         tokio::task::spawn_blocking(move || prepare_batch(&bytes, &key, max_events)).await;
@@ -478,6 +506,23 @@ async fn get_events(State(state): State<Shared>, headers: HeaderMap, q: QueryPar
 
 async fn get_sensors(State(state): State<Shared>, headers: HeaderMap) -> ApiResult {
     authenticate_admin(&state, &headers)?;
-    let s = state.store.sensors().await.map_err(store_failed)?;
-    Ok(Json(json!({ "sensors": s })).into_response())
+    let stored = state.store.sensors().await.map_err(store_failed)?;
+    let mut refusals = state.admission.refusals();
+    let mut sensors = Vec::with_capacity(stored.len() + refusals.len());
+    for s in stored {
+        let r = refusals.remove(&s.key_id).unwrap_or_default();
+        let mut v = serde_json::to_value(&s).unwrap_or(Value::Null);
+        v["refused"] = json!({ "rate": r.rate, "slots": r.slots });
+        sensors.push(v);
+    }
+    // Keys refused before any of their batches was stored.
+    let mut rest: Vec<_> = refusals.into_iter().collect();
+    rest.sort_by(|a, b| a.0.cmp(&b.0));
+    for (key_id, r) in rest {
+        sensors.push(json!({
+            "keyId": key_id, "batches": 0, "accepted": 0, "dropped": 0,
+            "refused": { "rate": r.rate, "slots": r.slots },
+        }));
+    }
+    Ok(Json(json!({ "sensors": sensors })).into_response())
 }
