@@ -1345,6 +1345,151 @@ async fn slow_bodies_of_one_key_do_not_starve_another_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_header_is_closed_within_twelve_seconds() {
+    let ing = start().await;
+    let addr = ing.running.as_ref().expect("running").addr();
+    let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut rd, mut wr) = s.into_split();
+    let t = std::time::Instant::now();
+    // Slowloris: a byte a second, never the blank line that ends the head.
+    let trickle = tokio::spawn(async move {
+        for b in b"POST /v1/events HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaa" {
+            if wr.write_all(&[*b]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        wr
+    });
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(12), async {
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    let took = t.elapsed();
+    assert!(closed.is_ok(), "connection still open after {took:?}");
+    assert!(
+        took >= Duration::from_secs(9),
+        "closed early, after {took:?}"
+    );
+    trickle.abort();
+    // Still serving.
+    let resp = ing.http.get(format!("{}/healthz", ing.base)).send().await;
+    assert_eq!(resp.expect("healthz").status().as_u16(), 200);
+    ing.stop().await;
+}
+
+/// Sends `GET /healthz` on an open connection and returns the status line ("" if none).
+async fn healthz_on(s: &mut tokio::net::TcpStream) -> String {
+    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 1024];
+    let _ = tokio::time::timeout(IO_TIMEOUT, async {
+        loop {
+            match s.read(&mut tmp).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    buf.extend_from_slice(&tmp[..n]);
+                    // The body is `{"status":"ok"}`.
+                    if buf.ends_with(b"}") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&buf)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Whether the server closes `s` within `within` (EOF or reset), sending nothing.
+async fn closes_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let mut tmp = [0u8; 64];
+    matches!(
+        tokio::time::timeout(within, s.read(&mut tmp)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_the_cap_is_closed_and_the_others_keep_working() {
+    install_tls_provider();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = IngestConfig::ephemeral(db_in(dir.path()));
+    cfg.limits.max_connections = 2;
+    let running = ingest::start(cfg).await.expect("start");
+    let addr = running.addr();
+    let mut c1 = tokio::net::TcpStream::connect(addr).await.expect("c1");
+    let mut c2 = tokio::net::TcpStream::connect(addr).await.expect("c2");
+    assert!(healthz_on(&mut c1).await.contains("200"));
+    assert!(healthz_on(&mut c2).await.contains("200"));
+    let mut c3 = tokio::net::TcpStream::connect(addr).await.expect("c3");
+    assert!(
+        closes_within(&mut c3, Duration::from_secs(10)).await,
+        "a third connection was kept"
+    );
+    // The two within the cap still work.
+    assert!(healthz_on(&mut c1).await.contains("200"));
+    assert!(healthz_on(&mut c2).await.contains("200"));
+    // Once one closes, a new connection is served again.
+    drop(c1);
+    let served = tokio::time::timeout(IO_TIMEOUT, async {
+        loop {
+            let mut c = tokio::net::TcpStream::connect(addr).await.expect("c4");
+            if healthz_on(&mut c).await.contains("200") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "no connection served after one closed");
+    running.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_after_the_idle_timeout_not_the_header_timeout() {
+    install_tls_provider();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = IngestConfig::ephemeral(db_in(dir.path()));
+    cfg.limits.header_read_timeout = Duration::from_secs(1);
+    cfg.limits.idle_timeout = Duration::from_secs(4);
+    let running = ingest::start(cfg).await.expect("start");
+    let mut c = tokio::net::TcpStream::connect(running.addr())
+        .await
+        .expect("connect");
+    assert!(healthz_on(&mut c).await.contains("200"));
+    // Idle for twice the header timeout: kept alive, and reused.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(healthz_on(&mut c).await.contains("200"));
+    let t = std::time::Instant::now();
+    assert!(
+        closes_within(&mut c, Duration::from_secs(12)).await,
+        "idle connection kept past the idle timeout"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_secs(3),
+        "closed after {:?}",
+        t.elapsed()
+    );
+    running.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_are_counted_while_reading_and_oversized_events_are_rejected_alone() {
     let ing = start().await;
     let key = ing.admin.mint("acme", None).await.expect("mint");

@@ -1,8 +1,8 @@
 //! `bounded-ingest`: the reference ingest (DESIGN §7).
 //!
-//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db]` runs the ingest until SIGINT or
-//!   SIGTERM. It prints `[bounded-ingest] listening http://<addr>` on stderr once bound (with
-//!   `--listen 127.0.0.1:0`, that line tells the chosen port).
+//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db] [--max-connections 1024]` runs
+//!   the ingest until SIGINT or SIGTERM. It prints `[bounded-ingest] listening http://<addr>` on
+//!   stderr once bound (with `--listen 127.0.0.1:0`, that line tells the chosen port).
 //! * `mint --org ORG [--name N]` prints the new sensor token on stdout (key id on stderr), or
 //!   the whole answer as JSON with `--json`.
 //! * `revoke KEY_ID` revokes a key.
@@ -22,7 +22,7 @@ use clap::{Parser, Subcommand};
 
 use bounded_observe_mcp::ingest::{
     self, keys, AdminClient, AdminSecretSource, IngestConfig, DEFAULT_DB_PATH, DEFAULT_LISTEN,
-    ENV_ADMIN_SECRET, ENV_DB, ENV_INGEST_BASE, ENV_LISTEN,
+    ENV_ADMIN_SECRET, ENV_DB, ENV_INGEST_BASE, ENV_LISTEN, ENV_MAX_CONNECTIONS,
 };
 
 /// Prefix of every diagnostic line.
@@ -51,6 +51,9 @@ enum Command {
         /// SQLite database file, created on first start; secrets are kept beside it [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
         #[arg(long, value_name = "PATH")]
         db: Option<PathBuf>,
+        /// Most connections open at once; one more is closed as soon as it is accepted [env: BOUNDED_INGEST_MAX_CONNECTIONS] [default: 1024]
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_connections: Option<u32>,
         /// Log every stored batch (key, accepted, rejected, duplicates, dropped)
         #[arg(long)]
         debug: bool,
@@ -156,7 +159,12 @@ fn main() -> ExitCode {
 
 async fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
-        Command::Serve { listen, db, .. } => {
+        Command::Serve {
+            listen,
+            db,
+            max_connections,
+            ..
+        } => {
             let listen = match listen {
                 Some(l) => l,
                 None => match std::env::var(ENV_LISTEN) {
@@ -166,7 +174,21 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
                     _ => DEFAULT_LISTEN,
                 },
             };
-            serve(listen, db_path(db)).await
+            let max_connections = match max_connections {
+                Some(n) => n as usize,
+                None => match std::env::var(ENV_MAX_CONNECTIONS) {
+                    Ok(v) if !v.trim().is_empty() => v
+                        .trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .with_context(|| {
+                            format!("{ENV_MAX_CONNECTIONS}={v:?} is not a positive integer")
+                        })?,
+                    _ => ingest::DEFAULT_MAX_CONNECTIONS,
+                },
+            };
+            serve(listen, db_path(db), max_connections).await
         }
         Command::Mint {
             org,
@@ -196,8 +218,9 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
     }
 }
 
-async fn serve(listen: SocketAddr, db: PathBuf) -> anyhow::Result<()> {
+async fn serve(listen: SocketAddr, db: PathBuf, max_connections: usize) -> anyhow::Result<()> {
     let mut cfg = IngestConfig::new(listen, &db);
+    cfg.limits.max_connections = max_connections;
     cfg.admin_secret = std::env::var(ENV_ADMIN_SECRET)
         .ok()
         .filter(|s| !s.trim().is_empty());

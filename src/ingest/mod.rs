@@ -5,6 +5,7 @@
 //! admin secret, and stops on [`RunningIngest::shutdown`]. It is apart from the sensor's data
 //! path: nothing in the sensor calls into it, and it never reads `std::env` (the binary does).
 //!
+//! * `conn`: accepting and serving connections (the connection cap, header and idle timeouts).
 //! * [`server`]: the HTTP routes and status codes.
 //! * [`admission`]: the per-key limit and the shared batch slots, refusals counted per key.
 //! * [`batch`]: reading a batch body without building it as a tree.
@@ -29,7 +30,9 @@
 //! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen, refused: {rate, slots}}]}`; `refused` counts 429s and 503s since start |
 //! | `GET /healthz` | none | 200 |
 //!
-//! Per-sensor counters saturate at `i64::MAX`.
+//! Connections: at most [`DEFAULT_MAX_CONNECTIONS`] open (one more is closed on accept), a
+//! request head within [`DEFAULT_HEADER_READ_TIMEOUT`] of its first byte, idle connections
+//! closed after [`DEFAULT_IDLE_TIMEOUT`]. Counters saturate at `i64::MAX`.
 //!
 //! Both secrets travel as `Authorization: Bearer …`. A schema-invalid event is rejected alone
 //! and counted; `org` and `sensor` on stored events come from the key; an event id is stored once
@@ -54,6 +57,7 @@
 pub mod admin;
 pub mod admission;
 pub mod batch;
+mod conn;
 pub mod keys;
 pub mod server;
 pub mod store;
@@ -84,6 +88,8 @@ pub const ENV_INGEST_BASE: &str = "BOUNDED_INGEST_BASE";
 pub const ENV_DB: &str = "BOUNDED_INGEST_DB";
 /// Env: the listen address for `serve`.
 pub const ENV_LISTEN: &str = "BOUNDED_INGEST_LISTEN";
+/// Env: the most connections `serve` keeps open at once.
+pub const ENV_MAX_CONNECTIONS: &str = "BOUNDED_INGEST_MAX_CONNECTIONS";
 
 /// Largest `POST /v1/events` body. A real 500-event batch is a few hundred KB; 4 MiB leaves
 /// room for events near the capture limits while bounding what one request can make us hold.
@@ -107,6 +113,19 @@ pub const DEFAULT_MAX_BATCHES_PER_KEY: usize = 4;
 /// `Retry-After` (429 or 503): a sensor retries later rather than holding a connection.
 pub const DEFAULT_SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Connections open at once; one more is closed as soon as it is accepted. Each costs a task,
+/// a socket and hyper's buffers (tens of KiB): 1024 is far above what the sensors of one team
+/// open (one each, kept alive) and far below the default descriptor limit's trouble.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// A request head must arrive within this of its first byte, or the connection is closed
+/// (slow-header clients). A real head is a few hundred bytes sent at once.
+pub const DEFAULT_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A connection with no request in progress and no byte moving for this long is closed. Longer
+/// than a sensor's gaps between batches under load, so its keep-alive connection is reused.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// How long shutdown waits for requests in flight before cutting them off.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -125,6 +144,12 @@ pub struct Limits {
     pub max_batches_per_key: usize,
     /// Longest wait for the key's turn or a slot (see [`DEFAULT_SLOT_WAIT`]); past it → 429/503.
     pub slot_wait: std::time::Duration,
+    /// Connections open at once (see [`DEFAULT_MAX_CONNECTIONS`]).
+    pub max_connections: usize,
+    /// From a request head's first byte to its end (see [`DEFAULT_HEADER_READ_TIMEOUT`]).
+    pub header_read_timeout: std::time::Duration,
+    /// Idle connections are closed after this (see [`DEFAULT_IDLE_TIMEOUT`]).
+    pub idle_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -136,6 +161,9 @@ impl Default for Limits {
             max_concurrent_batches: DEFAULT_MAX_CONCURRENT_BATCHES,
             max_batches_per_key: DEFAULT_MAX_BATCHES_PER_KEY,
             slot_wait: DEFAULT_SLOT_WAIT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
 }
@@ -263,13 +291,10 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
     });
     let app = server::router(state);
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let limits = cfg.limits;
+    let task = tokio::spawn(conn::serve(listener, app, limits, async move {
+        let _ = stopped.await;
+    }));
     Ok(RunningIngest {
         addr,
         admin_secret,
