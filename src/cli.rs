@@ -35,6 +35,10 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "URL")]
     pub ingest: Option<String>,
 
+    /// PEM file of a private CA to trust for an https:// ingest, besides the system's roots [env: BOUNDED_INGEST_CA]
+    #[arg(long, value_name = "PATH")]
+    pub ingest_ca: Option<std::path::PathBuf>,
+
     /// Extra argument key whose scalar value may be captured (repeatable; the PII denylist still wins) [env: BOUNDED_CAPTURE_FIELDS=a,b]
     #[arg(long = "capture", value_name = "FIELD")]
     pub capture: Vec<String>,

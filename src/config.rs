@@ -1,9 +1,10 @@
 //! Validated configuration: raw flags ([`crate::cli::ObserveArgs`]) plus an environment map.
 //!
 //! Owns the flag-or-env rule (the flag wins), every default, and the fail-open policy of
-//! invariant 8: a bad token, ingest URL or `--capture` value never stops the wrapped server; it
-//! becomes a [`ConfigWarning`] that the caller prints once, and the affected feature is switched
-//! off. Only a missing server command (stdio) or upstream (HTTP) is a hard error, because then
+//! invariant 8: a bad token, ingest URL, `--ingest-ca` file or `--capture` value never stops the
+//! wrapped server; it becomes a [`ConfigWarning`] that the caller prints once, and the affected
+//! feature is switched off. It reads one file: the `--ingest-ca` PEM, and only when events would
+//! go to an HTTP(S) ingest. Only a missing server command (stdio) or upstream (HTTP) is a hard error, because then
 //! there is nothing to run. It never reads `std::env`: the environment is passed in.
 //!
 //! Every variable of ours starts with [`ENV_PREFIX`], and that prefix is what keeps them from the
@@ -33,6 +34,7 @@ pub const ENV_ORG: &str = "BOUNDED_ORG";
 pub const ENV_ACTOR: &str = "BOUNDED_ACTOR";
 pub const ENV_SERVER_NAME: &str = "BOUNDED_MCP_SERVER_NAME";
 pub const ENV_INGEST: &str = "BOUNDED_INGEST_BASE";
+pub const ENV_INGEST_CA: &str = "BOUNDED_INGEST_CA";
 pub const ENV_CAPTURE: &str = "BOUNDED_CAPTURE_FIELDS";
 pub const ENV_ON_BEHALF_OF: &str = "BOUNDED_ON_BEHALF_OF";
 pub const ENV_HTTP: &str = "BOUNDED_MCP_HTTP";
@@ -54,6 +56,7 @@ pub const ALL_ENV: &[&str] = &[
     ENV_ACTOR,
     ENV_SERVER_NAME,
     ENV_INGEST,
+    ENV_INGEST_CA,
     ENV_CAPTURE,
     ENV_ON_BEHALF_OF,
     ENV_HTTP,
@@ -123,6 +126,9 @@ pub struct Config {
     /// `--name`; when `None` the observer uses `serverInfo.name`, else [`DEFAULT_SERVER_NAME`].
     pub server_name: Option<String>,
     pub ingest: IngestTarget,
+    /// `--ingest-ca`: certificates of a private CA trusted for the ingest besides the default
+    /// roots; empty when none is given or events do not go to an HTTP(S) ingest.
+    pub ingest_ca: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// Extra allow-listed argument keys (the PII denylist still overrides them).
     pub capture: Vec<String>,
     pub on_behalf_of: Option<String>,
@@ -150,6 +156,13 @@ pub enum ConfigWarning {
     /// `value` is already redacted ([`redact_url`]): a warning never carries a URL's secrets.
     #[error("ingest {value:?} from {origin} is not http(s)://… or file:PATH: events will not be reported")]
     BadIngest { origin: &'static str, value: String },
+    /// `--ingest-ca` / `BOUNDED_INGEST_CA` cannot be read or holds no usable certificate:
+    /// reporting is off rather than sent to an ingest the operator meant to pin to that CA.
+    #[error("ingest CA from {origin} is unusable ({err}): events will not be reported")]
+    BadIngestCa {
+        origin: &'static str,
+        err: crate::http_client::CaError,
+    },
     /// A plain `http://` ingest off loopback: the token (and the events) cross the network
     /// unencrypted. Not refused, since a trusted network or a TLS-terminating sidecar may make it
     /// fine, but said once. `ingest` is redacted.
@@ -342,12 +355,36 @@ impl Config {
             }
         };
         // A file sink needs no token; the network does.
-        let ingest = match (&ingest, &token) {
+        let mut ingest = match (&ingest, &token) {
             (IngestTarget::Http(_), None) => IngestTarget::Off,
             _ => ingest,
         };
         if matches!(ingest, IngestTarget::File(_)) {
             warnings.retain(|w| *w != ConfigWarning::NoToken);
+        }
+        // The private CA is read only when it can be used: an HTTP(S) ingest with a token, and
+        // no kill switch. A file that cannot be used turns reporting off (invariant 8).
+        let mut ingest_ca = Vec::new();
+        if let (IngestTarget::Http(_), false) = (&ingest, disabled) {
+            let ca = match args
+                .ingest_ca
+                .as_ref()
+                .filter(|p| !p.as_os_str().is_empty())
+            {
+                Some(p) => Some((p.clone(), "--ingest-ca")),
+                None => {
+                    non_empty(env.get(ENV_INGEST_CA)).map(|v| (PathBuf::from(v), ENV_INGEST_CA))
+                }
+            };
+            if let Some((path, origin)) = ca {
+                match crate::http_client::load_ca_file(&path) {
+                    Ok(certs) => ingest_ca = certs,
+                    Err(err) => {
+                        warnings.push(ConfigWarning::BadIngestCa { origin, err });
+                        ingest = IngestTarget::Off;
+                    }
+                }
+            }
         }
         // Only when the token would really be sent: a disabled sensor or one without a usable
         // token (target `Off` above) opens no connection to the ingest.
@@ -465,6 +502,7 @@ impl Config {
             actor,
             server_name: pick(&args.name, ENV_SERVER_NAME).map(|(v, _)| v),
             ingest,
+            ingest_ca,
             capture,
             on_behalf_of: pick(&args.on_behalf_of, ENV_ON_BEHALF_OF).map(|(v, _)| v),
             flush,
@@ -761,6 +799,85 @@ mod tests {
         let e = resolve(&["w", "--http", "--upstream", "ws://h/mcp?k=SECRET3"], &[])
             .expect_err("refused");
         assert!(!e.to_string().contains("SECRET"), "{e}");
+    }
+
+    fn ca_pem() -> String {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).expect("ca").pem()
+    }
+
+    #[test]
+    fn ingest_ca_is_loaded_from_the_flag_or_the_env() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_pem()).expect("write");
+        let ca = ca.to_str().expect("utf-8");
+        let https = [
+            "w",
+            "--ingest",
+            "https://ingest.example",
+            "--token",
+            "obs1.k.s",
+        ];
+        let (c, w) =
+            resolve(&[&https[..], &["--ingest-ca", ca, "--", "s"]].concat(), &[]).expect("ok");
+        assert_eq!(c.ingest_ca.len(), 1);
+        assert!(w.is_empty(), "{w:?}");
+        let (c, w) =
+            resolve(&[&https[..], &["--", "s"]].concat(), &[(ENV_INGEST_CA, ca)]).expect("ok");
+        assert_eq!(c.ingest_ca.len(), 1);
+        assert!(w.is_empty(), "{w:?}");
+        // Without one, the default roots only.
+        let (c, _) = resolve(&[&https[..], &["--", "s"]].concat(), &[]).expect("ok");
+        assert!(c.ingest_ca.is_empty());
+    }
+
+    #[test]
+    fn unusable_ingest_ca_fails_open_with_one_warning_and_reporting_off() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "SECRET-LOOKING CONTENT\n").expect("write");
+        let missing = dir.path().join("missing.pem");
+        for (path, origin) in [(&junk, "--ingest-ca"), (&missing, ENV_INGEST_CA)] {
+            let p = path.to_str().expect("utf-8");
+            let mut argv = vec![
+                "w",
+                "--ingest",
+                "https://ingest.example",
+                "--token",
+                "obs1.k.s",
+            ];
+            let env: Vec<(&str, &str)> = if origin == ENV_INGEST_CA {
+                vec![(ENV_INGEST_CA, p)]
+            } else {
+                argv.extend(["--ingest-ca", p]);
+                vec![]
+            };
+            argv.extend(["--", "s"]);
+            let (c, w) = resolve(&argv, &env).expect("the server still runs");
+            assert_eq!(c.ingest, IngestTarget::Off, "{origin}");
+            assert_eq!(w.len(), 1, "{w:?}");
+            let msg = w[0].to_string();
+            assert!(msg.contains(origin) && msg.contains(p), "{msg}");
+            assert!(!msg.contains("SECRET-LOOKING"), "{msg}");
+        }
+        // Not read at all where it cannot matter: a file sink, or the kill switch.
+        let p = missing.to_str().expect("utf-8");
+        let (c, w) = resolve(
+            &["w", "--ingest", "file:/tmp/x", "--ingest-ca", p, "--", "s"],
+            &[],
+        )
+        .expect("ok");
+        assert!(matches!(c.ingest, IngestTarget::File(_)));
+        assert!(w.is_empty(), "{w:?}");
+        let (_, w) = resolve(
+            &["w", "--token", "obs1.k.s", "--ingest-ca", p, "--", "s"],
+            &[(ENV_DISABLED, "1")],
+        )
+        .expect("ok");
+        assert!(w.is_empty(), "{w:?}");
     }
 
     #[test]

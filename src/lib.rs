@@ -12,6 +12,8 @@
 //!   with the ingest.
 //! * [`report`]: batches filtered events and posts them fire-and-forget, counting what it drops.
 //! * [`ingest`]: the reference ingest (`bounded-ingest`), apart from the sensor's data path.
+//! * [`http_client`]: the one HTTP client policy (no proxy variables, no redirects, the same
+//!   timeouts, rustls + ring) every client of the crate is built with.
 //!
 //! [`run_mcp_observe`] is the whole sensor behind one call, for `main` and for a parent CLI.
 
@@ -21,6 +23,7 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod event;
+pub mod http_client;
 pub mod ingest;
 pub mod log;
 pub mod observe;
@@ -120,6 +123,7 @@ pub(crate) fn report_config(cfg: &config::Config, transport: &'static str) -> re
         shutdown_flush: cfg.shutdown_flush,
         transport,
         debug: cfg.debug,
+        ingest_ca: cfg.ingest_ca.clone(),
         pacer: None,
     }
 }

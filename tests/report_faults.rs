@@ -30,6 +30,7 @@ fn cfg(target: IngestTarget, flush_ms: u64, shutdown_ms: u64) -> ReportConfig {
         shutdown_flush: Duration::from_millis(shutdown_ms),
         transport: "stdio",
         debug: false,
+        ingest_ca: Vec::new(),
         pacer: None,
     }
 }
@@ -377,6 +378,7 @@ async fn no_token_or_bad_token_opens_no_socket() {
             shutdown_flush: Duration::from_secs(2),
             transport: "stdio",
             debug: false,
+            ingest_ca: Vec::new(),
             pacer: None,
         });
         emit_n(&mut q, 600);

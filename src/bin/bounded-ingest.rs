@@ -1,17 +1,23 @@
 //! `bounded-ingest`: the reference ingest (DESIGN §7).
 //!
-//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db] [--max-connections 1024]` runs
-//!   the ingest until SIGINT or SIGTERM. It prints `[bounded-ingest] listening http://<addr>` on
-//!   stderr once bound (with `--listen 127.0.0.1:0`, that line tells the chosen port).
+//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db] [--tls-cert PEM --tls-key PEM]
+//!   [--max-connections 1024]` runs the ingest until SIGINT or SIGTERM. It prints
+//!   `[bounded-ingest] listening http://<addr>` (`https://` with TLS) on stderr once bound (with
+//!   `--listen 127.0.0.1:0`, that line tells the chosen port). On a non-loopback `--listen` it
+//!   refuses plain HTTP (exit 2) unless `--insecure-plain-http` is given.
 //! * `mint --org ORG [--name N]` prints the new sensor token on stdout (key id on stderr), or
 //!   the whole answer as JSON with `--json`.
 //! * `revoke KEY_ID` revokes a key.
 //!
 //! `mint` and `revoke` are thin clients of the admin API at `--ingest` / `BOUNDED_INGEST_BASE`,
 //! authenticated with `BOUNDED_INGEST_ADMIN_SECRET`, else with the `<db>.admin-secret` file that
-//! `serve` generated beside the database (found through `--db` / `BOUNDED_INGEST_DB`).
+//! `serve` generated beside the database (found through `--db` / `BOUNDED_INGEST_DB`). An
+//! `https://` ingest with a certificate from a private CA needs `--ingest-ca` /
+//! `BOUNDED_INGEST_CA` (the same option as the sensor's). They never use a proxy from the
+//! environment and never follow a redirect (see `http_client`).
 //!
-//! Exit codes: 0 success, 1 failure (cannot start, ingest unreachable or refused), 2 usage.
+//! Exit codes: 0 success, 1 failure (cannot start, ingest unreachable or refused), 2 usage
+//! (including plain HTTP asked for off loopback).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,9 +26,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use bounded_observe_mcp::config::ENV_INGEST_CA;
 use bounded_observe_mcp::ingest::{
-    self, keys, AdminClient, AdminSecretSource, IngestConfig, DEFAULT_DB_PATH, DEFAULT_LISTEN,
-    ENV_ADMIN_SECRET, ENV_DB, ENV_INGEST_BASE, ENV_LISTEN, ENV_MAX_CONNECTIONS,
+    self, keys, AdminClient, AdminSecretSource, IngestConfig, IngestError, TlsFiles,
+    DEFAULT_DB_PATH, DEFAULT_LISTEN, ENV_ADMIN_SECRET, ENV_DB, ENV_INGEST_BASE, ENV_LISTEN,
+    ENV_MAX_CONNECTIONS,
 };
 
 /// Prefix of every diagnostic line.
@@ -45,9 +53,18 @@ struct Cli {
 enum Command {
     /// Run the ingest
     Serve {
-        /// Address to listen on; port 0 picks a free port (printed on stderr) [env: BOUNDED_INGEST_LISTEN] [default: 127.0.0.1:7361]
+        /// Address to listen on; port 0 picks a free port (printed on stderr). Off loopback it needs --tls-cert and --tls-key, or --insecure-plain-http [env: BOUNDED_INGEST_LISTEN] [default: 127.0.0.1:7361]
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
+        /// Serve HTTPS with this PEM certificate chain (leaf first); needs --tls-key
+        #[arg(long, value_name = "PEM", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The PEM private key of --tls-cert (keep it 0600)
+        #[arg(long, value_name = "PEM", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Serve plain HTTP on a non-loopback --listen: only when a proxy in front terminates TLS (tokens, the admin secret and events cross the network otherwise in clear text)
+        #[arg(long, conflicts_with = "tls_cert")]
+        insecure_plain_http: bool,
         /// SQLite database file, created on first start; secrets are kept beside it [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
         #[arg(long, value_name = "PATH")]
         db: Option<PathBuf>,
@@ -89,6 +106,9 @@ struct AdminArgs {
     /// Database whose `<db>.admin-secret` file is read when BOUNDED_INGEST_ADMIN_SECRET is unset [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
     #[arg(long, value_name = "PATH")]
     db: Option<PathBuf>,
+    /// PEM file of a private CA to trust for an https:// ingest, besides the system's roots [env: BOUNDED_INGEST_CA]
+    #[arg(long, value_name = "PATH")]
+    ingest_ca: Option<PathBuf>,
 }
 
 /// The flag, else the environment variable, else the default.
@@ -119,7 +139,17 @@ impl AdminArgs {
                     })?
             }
         };
-        Ok(AdminClient::new(&base, &secret)?)
+        let ca = self.ingest_ca.clone().or_else(|| {
+            std::env::var_os(ENV_INGEST_CA)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
+        let roots = match ca {
+            Some(path) => bounded_observe_mcp::http_client::load_ca_file(&path)
+                .context("ingest CA (--ingest-ca / BOUNDED_INGEST_CA)")?,
+            None => Vec::new(),
+        };
+        Ok(AdminClient::with_extra_roots(&base, &secret, roots)?)
     }
 }
 
@@ -152,7 +182,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{PREFIX} error: {e:#}");
-            ExitCode::FAILURE
+            // Plain HTTP off loopback is a usage error: the command line asked for it.
+            match e.downcast_ref::<IngestError>() {
+                Some(IngestError::PlainHttpOffLoopback { .. }) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -163,6 +197,9 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
             listen,
             db,
             max_connections,
+            tls_cert,
+            tls_key,
+            insecure_plain_http,
             ..
         } => {
             let listen = match listen {
@@ -188,7 +225,18 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
                     _ => ingest::DEFAULT_MAX_CONNECTIONS,
                 },
             };
-            serve(listen, db_path(db), max_connections).await
+            let tls = match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+                _ => None,
+            };
+            serve(
+                listen,
+                db_path(db),
+                tls,
+                insecure_plain_http,
+                max_connections,
+            )
+            .await
         }
         Command::Mint {
             org,
@@ -218,8 +266,16 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
     }
 }
 
-async fn serve(listen: SocketAddr, db: PathBuf, max_connections: usize) -> anyhow::Result<()> {
+async fn serve(
+    listen: SocketAddr,
+    db: PathBuf,
+    tls: Option<TlsFiles>,
+    insecure_plain_http: bool,
+    max_connections: usize,
+) -> anyhow::Result<()> {
     let mut cfg = IngestConfig::new(listen, &db);
+    cfg.tls = tls;
+    cfg.insecure_plain_http = insecure_plain_http;
     cfg.limits.max_connections = max_connections;
     cfg.admin_secret = std::env::var(ENV_ADMIN_SECRET)
         .ok()

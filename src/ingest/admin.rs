@@ -5,18 +5,20 @@
 //! and stored events, or an [`AdminError`] that names the ingest and the HTTP status. It never
 //! prints the admin secret, and its `Debug` form hides it; the ingest URL is shown only
 //! redacted ([`redact_url`]: no query, no `user:password@`).
+//!
+//! Its HTTP client follows the crate's one policy ([`crate::http_client`]): no proxy from the
+//! environment (`HTTP_PROXY` would see the admin secret and every minted token), no redirects (a
+//! 3xx is reported as [`AdminError::Redirect`], never followed with the secret), the same
+//! timeouts. For an `https://` ingest whose certificate comes from a private CA, give that CA to
+//! [`AdminClient::with_extra_roots`] (`bounded-ingest mint --ingest-ca PATH`).
 
-use std::time::Duration;
-
+use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::log::redact_url;
 
 use super::server::{ADMIN_KEYS_PATH, ADMIN_SENSORS_PATH, EVENTS_PATH, ROLLUPS_PATH};
-
-/// Admin calls are small and local-ish; a slow one is a dead one.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A key just minted. `token` is the secret a sensor runs with.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -50,6 +52,13 @@ pub enum AdminError {
     Client(String),
     #[error("ingest {url}: {source}")]
     Request { url: String, source: reqwest::Error },
+    /// A 3xx: not followed, since the request carries the admin secret. `location` is redacted.
+    #[error("ingest {url} answered {status} (a redirect to {location}); redirects are not followed, so the admin secret stays with the address given: pass the ingest's own address with --ingest")]
+    Redirect {
+        url: String,
+        status: u16,
+        location: String,
+    },
     #[error("ingest {url} answered {status}: {message}")]
     Status {
         url: String,
@@ -64,7 +73,9 @@ impl AdminError {
     /// The HTTP status the ingest answered, if it answered.
     pub fn status(&self) -> Option<u16> {
         match self {
-            AdminError::Status { status, .. } => Some(*status),
+            AdminError::Status { status, .. } | AdminError::Redirect { status, .. } => {
+                Some(*status)
+            }
             _ => None,
         }
     }
@@ -89,18 +100,26 @@ impl std::fmt::Debug for AdminClient {
 impl AdminClient {
     /// `base` is the ingest root, e.g. `http://127.0.0.1:7361`.
     pub fn new(base: &str, admin_secret: &str) -> Result<Self, AdminError> {
+        Self::with_extra_roots(base, admin_secret, Vec::new())
+    }
+
+    /// As [`AdminClient::new`], trusting `extra_roots` (a private CA, see
+    /// [`crate::http_client::load_ca_file`]) besides the default roots for an `https://` ingest.
+    pub fn with_extra_roots(
+        base: &str,
+        admin_secret: &str,
+        extra_roots: Vec<CertificateDer<'static>>,
+    ) -> Result<Self, AdminError> {
         let trimmed = base.trim_end_matches('/');
         let url = reqwest::Url::parse(&format!("{trimmed}/"))
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https"))
             .ok_or_else(|| AdminError::BadUrl(redact_url(base)))?;
-        // reqwest is built without a bundled TLS provider; ring is the one this crate uses.
-        // Installing fails harmlessly when another part of the process already did it.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(ADMIN_TIMEOUT)
-            .build()
-            .map_err(|e| AdminError::Client(e.to_string()))?;
+        let http = crate::http_client::build(&crate::http_client::ClientOptions {
+            extra_roots,
+            ..Default::default()
+        })
+        .map_err(|e| AdminError::Client(e.0))?;
         Ok(AdminClient {
             base: url,
             secret: admin_secret.to_string(),
@@ -125,6 +144,19 @@ impl AdminClient {
             .await
             .map_err(|source| request_error(url, source))?;
         let status = resp.status().as_u16();
+        if resp.status().is_redirection() {
+            let location = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .map(|l| redact_url(l).chars().take(200).collect())
+                .unwrap_or_else(|| "nowhere".to_string());
+            return Err(AdminError::Redirect {
+                url: redact_url(url.as_str()),
+                status,
+                location,
+            });
+        }
         let body = resp
             .bytes()
             .await

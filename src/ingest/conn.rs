@@ -1,6 +1,7 @@
 //! The ingest's connections: accept under a cap, serve HTTP/1.1, close the ones that stall.
 //!
-//! Goes in: the bound listener, the router and the [`Limits`]. Comes out: served connections,
+//! Goes in: the bound listener (plain TCP, or TLS: see [`super::tls`]), the router and the
+//! [`Limits`]. Comes out: served connections,
 //! until the stop signal; then no new connection is accepted, idle ones close, requests in
 //! flight finish, and [`serve`] returns once every connection is gone.
 //!
@@ -15,31 +16,30 @@
 //! Both timers are kept here, per connection, rather than with hyper's `header_read_timeout`:
 //! hyper (1.x) starts that timer as soon as a connection waits for a request, so an idle
 //! keep-alive connection would get the header timeout instead of the idle one. A request in
-//! progress is bounded by the handlers (body read timeout, store), not by these timers.
+//! progress is bounded by the handlers (body read timeout, store), not by these timers. With TLS
+//! the timers see the decrypted bytes; the handshake has its own timeout
+//! ([`super::tls::HANDSHAKE_TIMEOUT`]).
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
+use super::tls::{IngestListener, IngestStream};
 use super::Limits;
-
-/// Pause after a failed `accept` (out of descriptors and the like) before trying again.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Accepts and serves connections on `listener` until `stop` resolves, then drains them.
 pub(crate) async fn serve(
-    listener: TcpListener,
+    mut listener: IngestListener,
     app: Router,
     limits: Limits,
     stop: impl Future<Output = ()>,
@@ -52,8 +52,9 @@ pub(crate) async fn serve(
     loop {
         tokio::select! {
             () = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => match cap.clone().try_acquire_owned() {
+            // Accept errors (out of descriptors and the like) are retried, with a pause, inside.
+            (stream, _peer) = axum::serve::Listener::accept(&mut listener) => {
+                match cap.clone().try_acquire_owned() {
                     Ok(permit) => {
                         at_cap = false;
                         conns.spawn(connection(stream, app.clone(), limits, stopping.clone(), permit));
@@ -66,14 +67,11 @@ pub(crate) async fn serve(
                             );
                         }
                         at_cap = true;
+                        // Closed before any TLS handshake: no work spent on it.
                         drop(stream);
                     }
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "Accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
-            },
+            }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
@@ -85,7 +83,7 @@ pub(crate) async fn serve(
 
 /// Serves one connection until it closes, stalls past a timer, or shutdown lets it finish.
 async fn connection(
-    stream: tokio::net::TcpStream,
+    stream: IngestStream,
     app: Router,
     limits: Limits,
     mut stopping: watch::Receiver<bool>,
@@ -267,8 +265,8 @@ impl Clock {
     }
 }
 
-/// The socket, reporting every byte moved to the connection's [`Clock`]. Generic so that a TLS
-/// stream can be built on top of it (handshake bytes then count as a request head's).
+/// The connection's stream (plain or TLS), reporting every byte it carries to the connection's
+/// [`Clock`].
 struct Watched<S> {
     inner: S,
     clock: Arc<Clock>,

@@ -6,6 +6,12 @@
 //! out: yes or no. It never compares a secret with `==` (every check is `ring::hmac::verify`,
 //! constant time), never logs a secret, and never regenerates a secret file it cannot read (that
 //! would silently invalidate every token in the field).
+//!
+//! A secret file is written whole or not at all: into a temporary file beside it (0600),
+//! fsynced, then published under its name with `link(2)`, and the directory fsynced. A crash or
+//! a full disk midway leaves no file, never a truncated one that the next start would have to
+//! refuse as malformed. `link`, unlike `rename`, fails when the name exists: of two ingests
+//! starting at once, the second reads the first one's secret instead of replacing it under it.
 
 use std::fs;
 use std::io::Write;
@@ -68,9 +74,29 @@ pub fn new_key_id() -> Result<String, IngestError> {
     Ok(format!("{KEY_ID_PREFIX}{}", crate::event::hex_lower(&b)))
 }
 
-/// Writes `contents` to a new file readable by the owner only. Fails if the file exists, so two
-/// processes starting at once cannot each write a different secret.
+/// Writes `contents` (and a newline) as a new secret file readable by the owner only. Fails
+/// with `AlreadyExists` if the file exists, so two processes starting at once cannot each write
+/// a different secret.
 fn write_secret_file(path: &Path, contents: &str) -> std::io::Result<()> {
+    write_secret_with(path, |f| {
+        f.write_all(contents.as_bytes())?;
+        f.write_all(b"\n")
+    })
+}
+
+/// The publishing steps of [`write_secret_file`] (see the module docs), around `write`.
+fn write_secret_with(
+    path: &Path,
+    write: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let suffix = random_bytes::<8>().map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".tmp-{}", crate::event::hex_lower(&suffix)));
+    let tmp = dir.join(tmp_name);
     let mut opts = fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
@@ -78,10 +104,38 @@ fn write_secret_file(path: &Path, contents: &str) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         opts.mode(0o600);
     }
-    let mut f = opts.open(path)?;
-    f.write_all(contents.as_bytes())?;
-    f.write_all(b"\n")?;
-    f.sync_all()
+    let mut f = opts.open(&tmp)?;
+    let written = write(&mut f)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| publish(&tmp, path));
+    drop(f);
+    // Published or not, the temporary name goes (after a link, the secret keeps its own name).
+    let _ = fs::remove_file(&tmp);
+    written?;
+    sync_dir(dir)
+}
+
+/// Gives the finished temporary file its final name, never replacing an existing file.
+fn publish(tmp: &Path, path: &Path) -> std::io::Result<()> {
+    match fs::hard_link(tmp, path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(e),
+        // A filesystem without hard links: rename once nothing is there (a narrower race than
+        // none, on filesystems that SQLite's WAL rarely lives on anyway).
+        Err(_) => match fs::symlink_metadata(path) {
+            Ok(_) => Err(std::io::ErrorKind::AlreadyExists.into()),
+            Err(_) => fs::rename(tmp, path),
+        },
+    }
+}
+
+/// fsyncs a directory, so a name just linked into it survives a power cut. A filesystem that
+/// cannot fsync a directory (EINVAL) has nothing more to give.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    match fs::File::open(dir).and_then(|d| d.sync_all()) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        other => other,
+    }
 }
 
 /// Reads a secret file, or creates it with `generate()` when it does not exist yet.
@@ -271,6 +325,58 @@ mod tests {
             Signer::load_or_create(&db),
             Err(IngestError::SecretMalformed { .. })
         ));
+    }
+
+    #[test]
+    fn a_secret_write_that_fails_midway_leaves_no_secret_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db.signing-key");
+        let res = write_secret_with(&path, |f| {
+            f.write_all(b"half a sec")?;
+            Err(std::io::Error::other("disk full"))
+        });
+        assert!(res.is_err());
+        assert!(
+            !path.exists(),
+            "a truncated secret would be refused as malformed on every later start"
+        );
+        assert_eq!(
+            fs::read_dir(dir.path()).expect("dir").count(),
+            0,
+            "no temporary file is left behind"
+        );
+        // The next start creates it whole.
+        let db = dir.path().join("x.db");
+        Signer::load_or_create(&db).expect("create");
+        assert!(fs::read_to_string(&path).expect("read").ends_with('\n'));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn secret_files_are_owner_only_and_nothing_else_is_left() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        Signer::load_or_create(&db).expect("create");
+        AdminSecret::resolve(None, &db).expect("generate");
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["x.db.admin-secret", "x.db.signing-key"]);
+        for n in names {
+            let mode = fs::metadata(dir.path().join(&n))
+                .expect("meta")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{n}");
+        }
+        // An existing file is never replaced.
+        let before = fs::read(signing_secret_path(&db)).expect("read");
+        let e = write_secret_file(&signing_secret_path(&db), "other").expect_err("exists");
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(fs::read(signing_secret_path(&db)).expect("read"), before);
     }
 
     #[test]

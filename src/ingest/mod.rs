@@ -12,11 +12,20 @@
 //! * [`store`]: SQLite (WAL, `synchronous=FULL`, one writer thread with group commit).
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
+//! * [`tls`]: HTTPS (`--tls-cert` / `--tls-key`, rustls with ring).
 //!
 //! Files: the database at [`IngestConfig::db_path`] (default [`DEFAULT_DB_PATH`]; its directory
-//! is created if missing), plus beside it `<db>.signing-key` (the token signing secret; losing it
-//! invalidates every token) and, when no admin secret is given, `<db>.admin-secret`. Both are
-//! created owner-only (0600).
+//! is created owner-only (0700) if missing), plus beside it `<db>.signing-key` (the token
+//! signing secret; losing it invalidates every token) and, when no admin secret is given,
+//! `<db>.admin-secret`. Every one of them is created owner-only (0600), the database's `-wal` and
+//! `-shm` too (see [`store`]); the secrets are written whole or not at all (see [`keys`]). At
+//! start, a store, secret or TLS key file readable by group or others gets one warning each
+//! (they are not changed: the operator may have meant it). A database that is not ours, or of a
+//! newer schema, is refused before anything is written to it.
+//!
+//! Off loopback the ingest does not speak plain HTTP: [`start`] refuses a non-loopback
+//! [`IngestConfig::listen`] without [`IngestConfig::tls`], unless
+//! [`IngestConfig::insecure_plain_http`] says TLS is terminated in front of it.
 //!
 //! Routes (JSON; errors are `{ "error": "…" }`):
 //!
@@ -36,7 +45,7 @@
 //!
 //! Both secrets travel as `Authorization: Bearer …`. A schema-invalid event is rejected alone
 //! and counted; `org` and `sensor` on stored events come from the key; an event id is stored once
-//! per org. The admin API is plain HTTP: listen on loopback, or put TLS in front.
+//! per org. Bearer secrets cross the wire: off loopback, serve HTTPS ([`IngestConfig::tls`]).
 //!
 //! Embedding (e.g. a first-run demo):
 //!
@@ -61,6 +70,7 @@ mod conn;
 pub mod keys;
 pub mod server;
 pub mod store;
+pub mod tls;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -178,6 +188,17 @@ pub struct IngestConfig {
     /// The admin secret; `None` reads or generates `<db>.admin-secret`.
     pub admin_secret: Option<String>,
     pub limits: Limits,
+    /// Serve HTTPS with this certificate and key; `None` serves plain HTTP.
+    pub tls: Option<TlsFiles>,
+    /// Allow plain HTTP on a non-loopback address (TLS terminated by something in front).
+    pub insecure_plain_http: bool,
+}
+
+/// PEM files for HTTPS: the certificate chain (leaf first) and its private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl IngestConfig {
@@ -187,6 +208,8 @@ impl IngestConfig {
             db_path: db_path.into(),
             admin_secret: None,
             limits: Limits::default(),
+            tls: None,
+            insecure_plain_http: false,
         }
     }
 
@@ -205,8 +228,23 @@ pub enum IngestError {
         path: PathBuf,
         source: rusqlite::Error,
     },
-    #[error("database {path} has schema version {found}, which this build does not know")]
-    SchemaVersion { path: PathBuf, found: i64 },
+    #[error("database {path} has schema version {found}, and this build knows only version {known} (made by a newer bounded-ingest?); it was left untouched")]
+    SchemaVersion {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    #[error("database {path} is not a bounded-ingest database ({detail}); it was left untouched: give --db a new file")]
+    ForeignDatabase { path: PathBuf, detail: String },
+    #[error("refusing plain HTTP on {addr}, which is not a loopback address: sensor tokens, the admin secret and every event would cross the network in clear text; give --tls-cert and --tls-key, or --insecure-plain-http when a proxy in front terminates TLS")]
+    PlainHttpOffLoopback { addr: SocketAddr },
+    #[error("TLS file {path}: {reason}")]
+    Tls { path: PathBuf, reason: String },
+    #[error("cannot create the database file {path}: {source}")]
+    DbFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot create the data directory {path}: {source}")]
     DataDir {
         path: PathBuf,
@@ -241,6 +279,7 @@ pub enum IngestError {
 /// on the runtime until the runtime stops.
 pub struct RunningIngest {
     addr: SocketAddr,
+    tls: bool,
     admin_secret: String,
     admin_source: AdminSecretSource,
     db_path: PathBuf,
@@ -252,24 +291,36 @@ pub struct RunningIngest {
 /// Opens the store, loads (or creates) the secrets, binds and starts serving on the current
 /// tokio runtime. Returns once the socket is bound, so `addr()` is ready to use.
 pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
+    // Refused before any file is touched.
+    if cfg.tls.is_none() && !cfg.insecure_plain_http && !is_loopback(cfg.listen) {
+        return Err(IngestError::PlainHttpOffLoopback { addr: cfg.listen });
+    }
     let db_path = cfg.db_path.clone();
     let admin_in = cfg.admin_secret.clone();
+    let tls_files = cfg.tls.clone();
     // File and SQLite work: off the async threads.
     let opened = tokio::task::spawn_blocking(move || {
+        let tls = match &tls_files {
+            Some(f) => Some(tls::server_config(&f.cert, &f.key)?),
+            None => None,
+        };
         if let Some(dir) = db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| IngestError::DataDir {
+            create_data_dir(dir).map_err(|source| IngestError::DataDir {
                 path: dir.to_path_buf(),
                 source,
             })?;
         }
+        // The store first: a database that is not ours is refused before a secret is written
+        // beside it.
+        let store = store::Store::open(&db_path)?;
         let signer = keys::Signer::load_or_create(&db_path)?;
         let (admin, source) = keys::AdminSecret::resolve(admin_in.as_deref(), &db_path)?;
-        let store = store::Store::open(&db_path)?;
-        Ok::<_, IngestError>((signer, admin, source, store))
+        warn_readable_files(&db_path, &source, tls_files.as_ref());
+        Ok::<_, IngestError>((signer, admin, source, store, tls))
     })
     .await
     .map_err(|e| IngestError::Serve(std::io::Error::other(e.to_string())))?;
-    let (signer, admin, admin_source, store) = opened?;
+    let (signer, admin, admin_source, store, tls) = opened?;
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -290,6 +341,8 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         admission: admission::Admission::new(&cfg.limits),
     });
     let app = server::router(state);
+    let listener = tls::IngestListener::new(listener, tls);
+    let is_tls = listener.is_tls();
     let (stop, stopped) = oneshot::channel::<()>();
     let limits = cfg.limits;
     let task = tokio::spawn(conn::serve(listener, app, limits, async move {
@@ -297,6 +350,7 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
     }));
     Ok(RunningIngest {
         addr,
+        tls: is_tls,
         admin_secret,
         admin_source,
         db_path: cfg.db_path,
@@ -312,9 +366,10 @@ impl RunningIngest {
         self.addr
     }
 
-    /// `http://<addr>`: what to pass as the sensor's `--ingest`.
+    /// `http://<addr>`, or `https://<addr>` with TLS: what to pass as the sensor's `--ingest`.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The admin secret in force (given, or read from / generated into the file).
@@ -331,7 +386,8 @@ impl RunningIngest {
         &self.db_path
     }
 
-    /// An admin client bound to this ingest.
+    /// An admin client bound to this ingest. With TLS it trusts the default roots only: for a
+    /// certificate from a private CA, use [`AdminClient::with_extra_roots`].
     pub fn admin_client(&self) -> Result<AdminClient, AdminError> {
         AdminClient::new(&self.base_url(), &self.admin_secret)
     }
@@ -354,4 +410,65 @@ impl RunningIngest {
             Ok(Err(e)) => Err(IngestError::Serve(std::io::Error::other(e.to_string()))),
         }
     }
+}
+
+/// Whether `addr` only accepts connections from this machine (127.0.0.0/8, `::1`, or an
+/// IPv4-mapped loopback address). `0.0.0.0` and `::` listen on every interface: not loopback.
+fn is_loopback(addr: SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
+}
+
+/// Creates the data directory (and any missing parent) owner-only; an existing one is left as
+/// it is.
+fn create_data_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+/// One warning per store, secret or TLS key file that group or others may read. Files are not
+/// changed: a group-readable backup setup may be deliberate, but it should be a choice.
+fn warn_readable_files(db: &Path, admin: &AdminSecretSource, tls: Option<&TlsFiles>) {
+    let mut files: Vec<(PathBuf, &str)> = vec![
+        (db.to_path_buf(), "every stored event"),
+        (store::sidecar_path(db, "-wal"), "recent events"),
+        (
+            store::sidecar_path(db, "-shm"),
+            "the database's shared index",
+        ),
+        (keys::signing_secret_path(db), "the token signing key"),
+    ];
+    if let AdminSecretSource::File { path, .. } = admin {
+        files.push((path.clone(), "the admin secret"));
+    }
+    if let Some(t) = tls {
+        files.push((t.key.clone(), "the TLS private key"));
+    }
+    for (path, holds) in files {
+        if let Some(mode) = group_or_other_readable(&path) {
+            tracing::warn!(
+                "{} can be read by group or others (mode {mode:o}) and holds {holds}: chmod 600 it",
+                path.display()
+            );
+        }
+    }
+}
+
+/// The permission bits of `path` when group or others may read (or write) it; `None` when it
+/// is owner-only or does not exist.
+#[cfg(unix)]
+fn group_or_other_readable(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o066 != 0).then_some(mode)
+}
+
+#[cfg(not(unix))]
+fn group_or_other_readable(_path: &Path) -> Option<u32> {
+    None
 }

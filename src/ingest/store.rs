@@ -13,6 +13,20 @@
 //!
 //! It never runs SQLite on an async worker thread: writes go to the writer thread over a
 //! channel, reads run inside `spawn_blocking`.
+//!
+//! Files at rest: the database file is created by us, owner-only (0600), with `O_CREAT|O_EXCL`
+//! before SQLite opens it, so it never exists with wider permissions, not even for an instant
+//! (no umask is touched: the umask is per process, and an embedding program's other threads
+//! would see it changed). SQLite gives the `-wal` and `-shm` files it creates the database
+//! file's permission bits, so they are 0600 too. An existing file keeps its mode (the ingest
+//! warns about a wide one at start).
+//!
+//! Whose database: before any statement that could change the file (the WAL switch included),
+//! a read-only connection reads `application_id`, `user_version` and the table names. An empty
+//! file is initialised (schema, [`SCHEMA_VERSION`], [`APPLICATION_ID`]) in one transaction; a
+//! database of ours at [`SCHEMA_VERSION`] is opened (one from a build before the application id
+//! gets it stamped); anything else (another program's database, a newer schema, a file that is
+//! not SQLite) is refused and left byte for byte as it was.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -50,7 +64,13 @@ const WAL_AUTOCHECKPOINT_PAGES: i64 = 16 * 1024;
 /// After a checkpoint, the WAL file is truncated back to at most this size.
 const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
 /// Schema version in `PRAGMA user_version`, so a later layout can migrate.
-const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 1;
+/// `PRAGMA application_id` of our databases ("BdIn"): tells our file from another program's
+/// SQLite file with a `user_version` that happens to match.
+pub const APPLICATION_ID: i64 = 0x4264_496E;
+/// The tables of [`SCHEMA`]: a database without an application id is taken as ours (made by a
+/// build before the id) only when it has all of them.
+const TABLES: [&str; 3] = ["events", "keys", "sensors"];
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS keys (
@@ -247,26 +267,136 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// `<db><suffix>`: SQLite's `-wal` and `-shm` files beside the database.
+pub fn sidecar_path(db: &Path, suffix: &str) -> PathBuf {
+    let mut name = db.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Creates the database file owner-only if it does not exist yet (see the module docs).
+fn create_owner_only(path: &Path) -> std::io::Result<()> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    match opts.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What [`probe`] found in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// No schema at all: ours to initialise.
+    Empty,
+    /// Ours, at [`SCHEMA_VERSION`]; `stamped` is false for one made before [`APPLICATION_ID`].
+    Current { stamped: bool },
+}
+
+/// Reads, without writing anything, whose database `path` is (see the module docs).
+fn probe(path: &Path) -> Result<Layout, IngestError> {
+    let foreign = |detail: String| IngestError::ForeignDatabase {
+        path: path.to_path_buf(),
+        detail,
+    };
+    // SQLite takes an empty file for an empty database.
+    if std::fs::metadata(path)
+        .map(|m| m.len() == 0)
+        .unwrap_or(false)
+    {
+        return Ok(Layout::Empty);
+    }
+    let sqlite_err = |e: rusqlite::Error| match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => foreign("not an SQLite database".into()),
+        _ => IngestError::Store {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    };
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sqlite_err)?;
+    conn.busy_timeout(std::time::Duration::from_millis(BUSY_TIMEOUT_MS))
+        .map_err(sqlite_err)?;
+    let app: i64 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(sqlite_err)?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sqlite_err)?;
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(sqlite_err)?;
+    drop(conn);
+    let ours =
+        app == APPLICATION_ID || (app == 0 && TABLES.iter().all(|t| tables.iter().any(|n| n == t)));
+    let newer = || IngestError::SchemaVersion {
+        path: path.to_path_buf(),
+        found: version,
+        known: SCHEMA_VERSION,
+    };
+    match (app, version) {
+        (0, 0) if tables.is_empty() => Ok(Layout::Empty),
+        // Ours; without the application id it was made by an earlier build (which could stop
+        // between creating the tables and setting the version: 0).
+        _ if ours && (version == SCHEMA_VERSION || (app == 0 && version == 0)) => {
+            Ok(Layout::Current {
+                stamped: app == APPLICATION_ID,
+            })
+        }
+        (APPLICATION_ID, _) => Err(newer()),
+        // A newer layout without one of today's tables still names itself by its version.
+        (0, v) if v > SCHEMA_VERSION && tables.iter().any(|n| n == "keys") => Err(newer()),
+        _ => Err(foreign(format!(
+            "application_id {app:#x}, user_version {version}, tables [{}]",
+            tables.join(", ")
+        ))),
+    }
+}
+
 impl Store {
     /// Opens (creating on first start) the database at `path` and starts the writer thread.
+    /// A database that is not ours, or of a newer schema, is refused untouched.
     pub fn open(path: &Path) -> Result<Arc<Store>, IngestError> {
         let open_err = |source| IngestError::Store {
             path: path.to_path_buf(),
             source,
         };
-        let conn = open_conn(path, false).map_err(open_err)?;
-        conn.execute_batch(SCHEMA).map_err(open_err)?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(open_err)?;
-        if version == 0 {
-            conn.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(open_err)?;
-        } else if version != SCHEMA_VERSION {
-            return Err(IngestError::SchemaVersion {
-                path: path.to_path_buf(),
-                found: version,
-            });
+        create_owner_only(path).map_err(|source| IngestError::DbFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let layout = probe(path)?;
+        let mut conn = open_conn(path, false).map_err(open_err)?;
+        match layout {
+            Layout::Empty => {
+                // One transaction: a crash leaves an empty file, never a half-made schema.
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(open_err)?;
+                tx.execute_batch(SCHEMA).map_err(open_err)?;
+                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+                    .map_err(open_err)?;
+                tx.pragma_update(None, "application_id", APPLICATION_ID)
+                    .map_err(open_err)?;
+                tx.commit().map_err(open_err)?;
+            }
+            Layout::Current { stamped: false } => {
+                conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+                    .map_err(open_err)?;
+                conn.pragma_update(None, "application_id", APPLICATION_ID)
+                    .map_err(open_err)?;
+            }
+            Layout::Current { stamped: true } => {}
         }
         let keys = load_keys(&conn).map_err(open_err)?;
         let keys: KeyCache = Arc::new(RwLock::new(keys));
@@ -794,5 +924,75 @@ mod tests {
             .expect("typeof");
         assert_eq!(kind, "integer");
         store.close().await;
+    }
+
+    fn app_and_version(path: &Path) -> (i64, i64) {
+        let c = Connection::open(path).expect("open");
+        let app = c
+            .pragma_query_value(None, "application_id", |r| r.get(0))
+            .expect("application_id");
+        let version = c
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .expect("user_version");
+        (app, version)
+    }
+
+    #[test]
+    fn a_new_database_is_stamped_with_our_id_and_version() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        assert_eq!(probe_after_create(&db), Layout::Empty);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("rt");
+        let store = Store::open(&db).expect("open");
+        rt.block_on(store.close());
+        assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
+        assert_eq!(probe(&db).expect("ours"), Layout::Current { stamped: true });
+    }
+
+    #[test]
+    fn a_database_from_a_build_before_the_application_id_is_ours() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        {
+            let c = Connection::open(&db).expect("open");
+            c.execute_batch(SCHEMA).expect("schema");
+            c.pragma_update(None, "user_version", SCHEMA_VERSION)
+                .expect("version");
+        }
+        assert_eq!(
+            probe(&db).expect("ours"),
+            Layout::Current { stamped: false }
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("rt");
+        let store = Store::open(&db).expect("open");
+        rt.block_on(store.close());
+        assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn another_application_id_is_foreign_even_with_our_tables() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        {
+            let c = Connection::open(&db).expect("open");
+            c.execute_batch(SCHEMA).expect("schema");
+            c.pragma_update(None, "user_version", SCHEMA_VERSION)
+                .expect("version");
+            c.pragma_update(None, "application_id", 0x1234)
+                .expect("app id");
+        }
+        assert!(matches!(
+            probe(&db),
+            Err(IngestError::ForeignDatabase { .. })
+        ));
+    }
+
+    fn probe_after_create(db: &Path) -> Layout {
+        create_owner_only(db).expect("create");
+        probe(db).expect("probe")
     }
 }

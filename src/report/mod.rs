@@ -18,7 +18,8 @@
 //! * [`retry`]: [`retry::is_retriable`], the one classification of what is worth a retry, and
 //!   the waits: the retry's delay, the ingest's `Retry-After` (capped at 60 s) and the back-off
 //!   between failing batches (1 s doubling to at most 30 s).
-//! * [`sink`]: the HTTP(S) and `file:` sinks, timeouts, TLS, no gzip (why: see [`sink`]).
+//! * [`sink`]: the HTTP(S) and `file:` sinks, timeouts, TLS (a private CA with `--ingest-ca`),
+//!   no gzip (why: see [`sink`]).
 //! * [`stats`]: counters and the stderr discipline (each kind of failure once, then a summary).
 //!
 //! Shutdown is explicit: [`ReporterHandle::shutdown`] sets a deadline (`shutdown_flush`,
@@ -75,6 +76,8 @@ pub struct ReportConfig {
     pub transport: &'static str,
     /// Per-batch detail on stderr.
     pub debug: bool,
+    /// A private CA trusted for the ingest besides the default roots (`--ingest-ca`).
+    pub ingest_ca: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// Paces the reporter with the observer when both run on a CPU shared with the relay
     /// (stdio); `None` where there is no tap to tell whether traffic flows (HTTP).
     pub pacer: Option<Arc<crate::observe::priority::Pacer>>,
@@ -138,7 +141,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
 
     let sink = match (&cfg.target, &cfg.token) {
         (IngestTarget::Http(base), Some(token)) => {
-            match sink::HttpSink::new(base, token, &tuning) {
+            match sink::HttpSink::new(base, token, &tuning, &cfg.ingest_ca) {
                 Ok(s) => Some(sink::Sink::Http(s)),
                 Err(e) => {
                     tracing::warn!(

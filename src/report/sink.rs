@@ -3,9 +3,9 @@
 //! Owns one delivery attempt: [`Sink::send_once`] takes the bytes of one batch and returns `Ok`
 //! or a [`DeliveryError`] (which carries the ingest's `Retry-After` on a 429 or 503, parsed by
 //! [`super::retry::status_error`]). Retrying, waiting, counting and logging belong to the batcher
-//! ([`super::batch`]). It must never log or echo the token, never follow a redirect (a redirect
-//! could carry the bearer token to another host), never use a proxy from the process
-//! environment, and never open a socket before the first batch is sent.
+//! ([`super::batch`]). It must never log or echo the token and never open a socket before the
+//! first batch is sent; its client follows the crate's one HTTP client policy
+//! ([`crate::http_client`]: no redirect, no proxy from the environment, fixed timeouts).
 //!
 //! **HTTP**: `POST <base>/v1/events`, `Authorization: Bearer <token>`,
 //! `Content-Type: application/json`, HTTP/1.1 with keep-alive (one idle connection kept).
@@ -14,11 +14,9 @@
 //! we must not disturb, and an uncompressed body keeps the ingest free of decompression-bomb
 //! handling and its body limit (413) meaningful.
 //!
-//! **TLS**: reqwest's rustls backend with the `ring` crypto provider (installed as the process
-//! default if none is installed yet; a parent that installed its own keeps it). Server
-//! certificates are checked against the operating system's trust store (reqwest's platform
-//! verifier); where the system has no CA certificates at all (minimal containers), the Mozilla
-//! roots compiled in through `webpki-root-certs` are used instead.
+//! **TLS**: rustls with the `ring` provider, the operating system's roots (else the Mozilla
+//! roots compiled in), plus the private CA of `--ingest-ca` / `BOUNDED_INGEST_CA` when given
+//! (see [`crate::http_client`]).
 //!
 //! **File** (`--ingest file:PATH`): each batch is appended as one line (the batch JSON plus
 //! `\n`) with a single `write` on a file opened with `O_APPEND`, created if missing, so
@@ -30,21 +28,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 
+use rustls::pki_types::CertificateDer;
+
 use super::retry::{status_error, DeliveryError};
+use crate::http_client::ClientOptions;
 use crate::token::SensorToken;
 
 /// Path the batches are posted to, under the ingest base (DESIGN §4).
 pub const EVENTS_PATH: &str = "/v1/events";
 
-/// How long to wait for a TCP (+TLS) connection. Loopback and LAN connects take well under a
-/// millisecond and WAN ones tens; 3 s covers the first SYN retransmission (1 s) and a slow
-/// handshake, and fails a dead host fast enough that its retry still fits in a flush interval.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Whole-request budget (connect, send, answer). An ingest stores 500 events in milliseconds;
-/// 10 s leaves room for a loaded one while bounding how long a black-holed ingest can hold the
-/// single in-flight slot (the queue keeps filling, and drops, meanwhile).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::http_client::{CONNECT_TIMEOUT, REQUEST_TIMEOUT};
 
 /// Most bytes of an ingest answer that are read (to let the connection be reused); the answer
 /// is a tiny `{accepted, rejected, duplicates}` object and nothing in it changes what we do.
@@ -109,40 +102,22 @@ pub(crate) struct HttpSink {
 }
 
 impl HttpSink {
-    /// Builds the client (no socket is opened until the first send). `Err` only when no TLS
-    /// configuration at all can be built or the token cannot be a header value; the caller then
-    /// reports nothing (fail open).
+    /// Builds the client (no socket is opened until the first send); `extra_roots` is the
+    /// private CA of `--ingest-ca`, if any. `Err` only when no TLS configuration at all can be
+    /// built or the token cannot be a header value; the caller then reports nothing (fail open).
     pub(crate) fn new(
         base: &str,
         token: &SensorToken,
         tuning: &Tuning,
+        extra_roots: &[CertificateDer<'static>],
     ) -> Result<HttpSink, DeliveryError> {
-        // reqwest is built with `rustls-no-provider`: a provider must be the process default
-        // before a client is built, or the build panics. Err only means one is already there.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-
-        let builder = || {
-            reqwest::Client::builder()
-                .connect_timeout(tuning.connect_timeout)
-                .timeout(tuning.request_timeout)
-                .redirect(reqwest::redirect::Policy::none())
-                .no_proxy()
-                .pool_max_idle_per_host(POOL_IDLE_PER_HOST)
-                .user_agent(concat!("bounded-observe-mcp/", env!("CARGO_PKG_VERSION")))
-        };
-        let client = match builder().build() {
-            Ok(c) => c,
-            // The platform verifier fails when the system has no CA certificates at all.
-            Err(_) => {
-                let roots = webpki_root_certs::TLS_SERVER_ROOT_CERTS
-                    .iter()
-                    .filter_map(|der| reqwest::Certificate::from_der(der).ok());
-                builder()
-                    .tls_certs_only(roots)
-                    .build()
-                    .map_err(|e| DeliveryError::Connect(e.without_url().to_string()))?
-            }
-        };
+        let client = crate::http_client::build(&ClientOptions {
+            connect_timeout: tuning.connect_timeout,
+            request_timeout: tuning.request_timeout,
+            extra_roots: extra_roots.to_vec(),
+            max_idle_per_host: POOL_IDLE_PER_HOST,
+        })
+        .map_err(|e| DeliveryError::Connect(e.0))?;
         let mut auth = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
             .map_err(|_| DeliveryError::Encode("token is not a valid header value".into()))?;
         auth.set_sensitive(true);
