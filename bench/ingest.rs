@@ -10,6 +10,11 @@
 //!
 //! `cargo bench --bench ingest`. Knobs: `INGEST_BENCH_BATCHES` (per sender, default 60),
 //! `INGEST_BENCH_SENDERS` (default 4).
+//!
+//! `cargo bench --bench ingest -- --hostile` measures memory instead: the real `bounded-ingest`
+//! binary, 16 keys each posting one 4 MiB hostile body at once (one row per shape: `[0,0,…]` in
+//! `events`, deep nesting, one long string, an object with many keys), and the ingest's peak
+//! RSS (`VmHWM`) per row, a fresh process each. Results are in bench/README.md.
 
 use std::time::{Duration, Instant};
 
@@ -115,6 +120,13 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if std::env::args().any(|a| a == "--hostile") {
+        if let Err(e) = rt.block_on(hostile::run()) {
+            eprintln!("ingest bench: FAILED: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = rt.block_on(run(senders, batches, measuring)) {
         eprintln!("ingest bench: FAILED: {e}");
         std::process::exit(1);
@@ -257,4 +269,187 @@ async fn run(senders: usize, batches: usize, measuring: bool) -> Result<(), Stri
         return Err(format!("{rows} rows stored, {expected_rows} accepted"));
     }
     Ok(())
+}
+
+/// Peak memory of the ingest under hostile bodies (issue 14): what one key holder can make it
+/// hold by sending bodies that are small on the wire and large once parsed.
+mod hostile {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use bounded_observe_mcp::ingest::AdminClient;
+
+    /// Concurrent bodies: one per key, so the per-key limit is not what is measured.
+    const SENDERS: usize = 16;
+    /// Just under the ingest's 4 MiB body limit.
+    const BODY_BYTES: usize = 4 * 1024 * 1024 - 4096;
+    const ADMIN_SECRET: &str = "hostile-bench-admin-secret-0123456789";
+    /// The issue's target.
+    const TARGET_MIB: f64 = 256.0;
+
+    /// `{"v":2,"dropped":0,"events":[` + items until the body is full + `]}`.
+    fn fill(item: &str) -> Vec<u8> {
+        let head = r#"{"v":2,"dropped":0,"events":["#;
+        let mut b = head.as_bytes().to_vec();
+        let mut first = true;
+        while b.len() + item.len() + 3 < BODY_BYTES {
+            if !first {
+                b.push(b',');
+            }
+            b.extend_from_slice(item.as_bytes());
+            first = false;
+        }
+        b.extend_from_slice(b"]}");
+        b
+    }
+
+    fn shapes() -> Vec<(&'static str, Vec<u8>)> {
+        // Nesting just inside serde_json's recursion limit (128), so it parses.
+        let deep = format!("{}0{}", "[".repeat(120), "]".repeat(120));
+        let long = {
+            let mut b = br#"{"v":2,"dropped":0,"events":[{"v":2,"id":""#.to_vec();
+            b.resize(BODY_BYTES - 8, b'x');
+            b.extend_from_slice(br#""}]}"#);
+            b
+        };
+        let many_keys = {
+            let mut b = br#"{"v":2,"dropped":0,"events":[{"#.to_vec();
+            let mut i = 0u64;
+            while b.len() + 32 < BODY_BYTES {
+                if i > 0 {
+                    b.push(b',');
+                }
+                b.extend_from_slice(format!(r#""k{i}":0"#).as_bytes());
+                i += 1;
+            }
+            b.extend_from_slice(b"}]}");
+            b
+        };
+        vec![
+            ("zeros: events [0,0,0,...]", fill("0")),
+            ("deep: events of 120-deep arrays", fill(&deep)),
+            ("long: one 4 MiB string", long),
+            ("keys: one object, ~400k keys", many_keys),
+        ]
+    }
+
+    struct Served {
+        child: Child,
+        base: String,
+    }
+
+    impl Drop for Served {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn serve(db: &std::path::Path) -> Result<Served, String> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_bounded-ingest"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(db)
+            .env("BOUNDED_INGEST_ADMIN_SECRET", ADMIN_SECRET)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawn bounded-ingest: {e}"))?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
+        let mut lines = BufReader::new(stderr).lines();
+        let base = loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(i) = line.find("listening http://") {
+                        break line[i + "listening ".len()..].trim().to_string();
+                    }
+                }
+                _ => {
+                    let _ = child.kill();
+                    return Err("bounded-ingest exited before listening".into());
+                }
+            }
+        };
+        // Keep draining stderr so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(Served { child, base })
+    }
+
+    /// `VmHWM` (peak resident set) of `pid`, in MiB.
+    fn peak_rss_mib(pid: u32) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    }
+
+    pub async fn run() -> Result<(), String> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).map_err(|e| e.to_string())?;
+        println!(
+            "ingest hostile bodies ({} cores): {SENDERS} keys x one {} KiB body at once, peak RSS of bounded-ingest",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            BODY_BYTES / 1024
+        );
+        let mut worst: f64 = 0.0;
+        for (i, (name, body)) in shapes().into_iter().enumerate() {
+            let served = serve(&dir.path().join(format!("hostile-{i}.db")))?;
+            let admin = AdminClient::new(&served.base, ADMIN_SECRET).map_err(|e| e.to_string())?;
+            let mut tokens = Vec::new();
+            for s in 0..SENDERS {
+                let k = admin
+                    .mint("hostile", Some(&format!("k{s}")))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tokens.push(k.token);
+            }
+            let idle = peak_rss_mib(served.child.id()).unwrap_or(0.0);
+            let url = format!("{}/v1/events", served.base);
+            let body = bytes::Bytes::from(body);
+            let gate = std::sync::Arc::new(tokio::sync::Barrier::new(SENDERS));
+            let t0 = Instant::now();
+            let mut tasks = Vec::new();
+            for token in tokens {
+                let (url, body, gate) = (url.clone(), body.clone(), gate.clone());
+                tasks.push(tokio::spawn(async move {
+                    let http = reqwest::Client::builder()
+                        .timeout(Duration::from_secs(120))
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    gate.wait().await;
+                    let resp = http
+                        .post(&url)
+                        .bearer_auth(&token)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok::<u16, String>(resp.status().as_u16())
+                }));
+            }
+            let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+            for t in tasks {
+                let st = t.await.map_err(|e| e.to_string())??;
+                *statuses.entry(st).or_default() += 1;
+            }
+            let wall = t0.elapsed();
+            let peak = peak_rss_mib(served.child.id()).unwrap_or(0.0);
+            worst = worst.max(peak);
+            let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{n}x{s}")).collect();
+            println!(
+                "  {name:<34} peak RSS {peak:7.1} MiB (idle {idle:.1}), answers {}, {:.2} s",
+                statuses.join(" "),
+                wall.as_secs_f64()
+            );
+        }
+        let verdict = if worst <= TARGET_MIB {
+            "MET"
+        } else {
+            "NOT MET"
+        };
+        println!("  target peak RSS <= {TARGET_MIB:.0} MiB: {verdict}");
+        Ok(())
+    }
 }

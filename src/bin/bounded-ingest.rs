@@ -1,10 +1,10 @@
 //! `bounded-ingest`: the reference ingest (DESIGN §7).
 //!
-//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db] [--tls-cert PEM --tls-key PEM]`
-//!   runs the ingest until SIGINT or SIGTERM. It prints `[bounded-ingest] listening
-//!   http://<addr>` (`https://` with TLS) on stderr once bound (with `--listen 127.0.0.1:0`,
-//!   that line tells the chosen port). On a non-loopback `--listen` it refuses plain HTTP
-//!   (exit 2) unless `--insecure-plain-http` is given.
+//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db] [--tls-cert PEM --tls-key PEM]
+//!   [--max-connections 1024]` runs the ingest until SIGINT or SIGTERM. It prints
+//!   `[bounded-ingest] listening http://<addr>` (`https://` with TLS) on stderr once bound (with
+//!   `--listen 127.0.0.1:0`, that line tells the chosen port). On a non-loopback `--listen` it
+//!   refuses plain HTTP (exit 2) unless `--insecure-plain-http` is given.
 //! * `mint --org ORG [--name N]` prints the new sensor token on stdout (key id on stderr), or
 //!   the whole answer as JSON with `--json`.
 //! * `revoke KEY_ID` revokes a key.
@@ -30,6 +30,7 @@ use bounded_observe_mcp::config::ENV_INGEST_CA;
 use bounded_observe_mcp::ingest::{
     self, keys, AdminClient, AdminSecretSource, IngestConfig, IngestError, TlsFiles,
     DEFAULT_DB_PATH, DEFAULT_LISTEN, ENV_ADMIN_SECRET, ENV_DB, ENV_INGEST_BASE, ENV_LISTEN,
+    ENV_MAX_CONNECTIONS,
 };
 
 /// Prefix of every diagnostic line.
@@ -67,6 +68,9 @@ enum Command {
         /// SQLite database file, created on first start; secrets are kept beside it [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
         #[arg(long, value_name = "PATH")]
         db: Option<PathBuf>,
+        /// Most connections open at once; one more is closed as soon as it is accepted [env: BOUNDED_INGEST_MAX_CONNECTIONS] [default: 1024]
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_connections: Option<u32>,
         /// Log every stored batch (key, accepted, rejected, duplicates, dropped)
         #[arg(long)]
         debug: bool,
@@ -192,6 +196,7 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Serve {
             listen,
             db,
+            max_connections,
             tls_cert,
             tls_key,
             insecure_plain_http,
@@ -206,11 +211,32 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
                     _ => DEFAULT_LISTEN,
                 },
             };
+            let max_connections = match max_connections {
+                Some(n) => n as usize,
+                None => match std::env::var(ENV_MAX_CONNECTIONS) {
+                    Ok(v) if !v.trim().is_empty() => v
+                        .trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .with_context(|| {
+                            format!("{ENV_MAX_CONNECTIONS}={v:?} is not a positive integer")
+                        })?,
+                    _ => ingest::DEFAULT_MAX_CONNECTIONS,
+                },
+            };
             let tls = match (tls_cert, tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
                 _ => None,
             };
-            serve(listen, db_path(db), tls, insecure_plain_http).await
+            serve(
+                listen,
+                db_path(db),
+                tls,
+                insecure_plain_http,
+                max_connections,
+            )
+            .await
         }
         Command::Mint {
             org,
@@ -245,10 +271,12 @@ async fn serve(
     db: PathBuf,
     tls: Option<TlsFiles>,
     insecure_plain_http: bool,
+    max_connections: usize,
 ) -> anyhow::Result<()> {
     let mut cfg = IngestConfig::new(listen, &db);
     cfg.tls = tls;
     cfg.insecure_plain_http = insecure_plain_http;
+    cfg.limits.max_connections = max_connections;
     cfg.admin_secret = std::env::var(ENV_ADMIN_SECRET)
         .ok()
         .filter(|s| !s.trim().is_empty());

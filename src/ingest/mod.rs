@@ -5,7 +5,10 @@
 //! admin secret, and stops on [`RunningIngest::shutdown`]. It is apart from the sensor's data
 //! path: nothing in the sensor calls into it, and it never reads `std::env` (the binary does).
 //!
+//! * `conn`: accepting and serving connections (the connection cap, header and idle timeouts).
 //! * [`server`]: the HTTP routes and status codes.
+//! * [`admission`]: the per-key limit and the shared batch slots, refusals counted per key.
+//! * [`batch`]: reading a batch body without building it as a tree.
 //! * [`store`]: SQLite (WAL, `synchronous=FULL`, one writer thread with group commit).
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
@@ -28,13 +31,17 @@
 //!
 //! | route | auth | answer |
 //! |---|---|---|
-//! | `POST /v1/events` | sensor token | 200 `{accepted, rejected, duplicates}` after commit; 400 malformed JSON, invalid UTF-8 or batch shape; 401 bad/unknown/revoked token; 408 body too slow; 413 body over [`DEFAULT_MAX_BODY_BYTES`] or more than 500 events |
+//! | `POST /v1/events` | sensor token | 200 `{accepted, rejected, duplicates}` after commit; 400 malformed JSON, invalid UTF-8 or batch shape (`dropped` over [`batch::MAX_DROPPED_PER_BATCH`] included); 401 bad/unknown/revoked token; 408 body too slow; 413 body over [`DEFAULT_MAX_BODY_BYTES`] or more than 500 events; 429 the key already has [`DEFAULT_MAX_BATCHES_PER_KEY`] batches in progress, 503 no batch slot free within [`DEFAULT_SLOT_WAIT`] (both with `Retry-After: 1`) |
 //! | `POST /v1/admin/keys` `{org, name?}` | admin secret | 201 `{keyId, token, org, name?}` |
 //! | `DELETE /v1/admin/keys/{keyId}` | admin secret | 204 (also when already revoked), 404 unknown |
 //! | `GET /v1/rollups?org=` | admin secret | `{rollups: [{org, actor, action, class, count, sums}]}` |
 //! | `GET /v1/events?org&actor&action&class&limit` | admin secret | `{events: [...]}` newest received first; `limit` 1-1000, default 100 |
-//! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen}]}` |
+//! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen, refused: {rate, slots}}]}`; `refused` counts 429s and 503s since start |
 //! | `GET /healthz` | none | 200 |
+//!
+//! Connections: at most [`DEFAULT_MAX_CONNECTIONS`] open (one more is closed on accept), a
+//! request head within [`DEFAULT_HEADER_READ_TIMEOUT`] of its first byte, idle connections
+//! closed after [`DEFAULT_IDLE_TIMEOUT`]. Counters saturate at `i64::MAX`.
 //!
 //! Both secrets travel as `Authorization: Bearer …`. A schema-invalid event is rejected alone
 //! and counted; `org` and `sensor` on stored events come from the key; an event id is stored once
@@ -57,6 +64,9 @@
 //! ```
 
 pub mod admin;
+pub mod admission;
+pub mod batch;
+mod conn;
 pub mod keys;
 pub mod server;
 pub mod store;
@@ -88,6 +98,8 @@ pub const ENV_INGEST_BASE: &str = "BOUNDED_INGEST_BASE";
 pub const ENV_DB: &str = "BOUNDED_INGEST_DB";
 /// Env: the listen address for `serve`.
 pub const ENV_LISTEN: &str = "BOUNDED_INGEST_LISTEN";
+/// Env: the most connections `serve` keeps open at once.
+pub const ENV_MAX_CONNECTIONS: &str = "BOUNDED_INGEST_MAX_CONNECTIONS";
 
 /// Largest `POST /v1/events` body. A real 500-event batch is a few hundred KB; 4 MiB leaves
 /// room for events near the capture limits while bounding what one request can make us hold.
@@ -96,6 +108,33 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// How long a client may take to send a body. A sensor posts a few hundred KB at once; a body
 /// trickling in slower than this is holding a batch slot for nothing.
 pub const DEFAULT_BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Batches parsed, filtered and written at the same time, over all keys. Bounds memory (each
+/// holds its body plus its prepared rows) without costing throughput: past a few, the cores and
+/// the single writer are the limit.
+pub const DEFAULT_MAX_CONCURRENT_BATCHES: usize = 16;
+
+/// Batches of one key in progress at once, body reading included. A sensor posts one batch at a
+/// time; a few keep room for several processes sharing a key, and the limit stops one key
+/// holder from taking every slot or holding many bodies in memory.
+pub const DEFAULT_MAX_BATCHES_PER_KEY: usize = 4;
+
+/// Longest wait for the key's turn or a shared slot before the batch is refused with
+/// `Retry-After` (429 or 503): a sensor retries later rather than holding a connection.
+pub const DEFAULT_SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Connections open at once; one more is closed as soon as it is accepted. Each costs a task,
+/// a socket and hyper's buffers (tens of KiB): 1024 is far above what the sensors of one team
+/// open (one each, kept alive) and far below the default descriptor limit's trouble.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// A request head must arrive within this of its first byte, or the connection is closed
+/// (slow-header clients). A real head is a few hundred bytes sent at once.
+pub const DEFAULT_HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A connection with no request in progress and no byte moving for this long is closed. Longer
+/// than a sensor's gaps between batches under load, so its keep-alive connection is reused.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long shutdown waits for requests in flight before cutting them off.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -109,6 +148,18 @@ pub struct Limits {
     pub max_batch_events: usize,
     /// A body not fully received within this → 408.
     pub body_read_timeout: std::time::Duration,
+    /// Shared batch slots (see [`DEFAULT_MAX_CONCURRENT_BATCHES`]).
+    pub max_concurrent_batches: usize,
+    /// Batches in progress per key (see [`DEFAULT_MAX_BATCHES_PER_KEY`]); past it → 429.
+    pub max_batches_per_key: usize,
+    /// Longest wait for the key's turn or a slot (see [`DEFAULT_SLOT_WAIT`]); past it → 429/503.
+    pub slot_wait: std::time::Duration,
+    /// Connections open at once (see [`DEFAULT_MAX_CONNECTIONS`]).
+    pub max_connections: usize,
+    /// From a request head's first byte to its end (see [`DEFAULT_HEADER_READ_TIMEOUT`]).
+    pub header_read_timeout: std::time::Duration,
+    /// Idle connections are closed after this (see [`DEFAULT_IDLE_TIMEOUT`]).
+    pub idle_timeout: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -117,6 +168,12 @@ impl Default for Limits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_batch_events: crate::event::MAX_BATCH_EVENTS,
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            max_concurrent_batches: DEFAULT_MAX_CONCURRENT_BATCHES,
+            max_batches_per_key: DEFAULT_MAX_BATCHES_PER_KEY,
+            slot_wait: DEFAULT_SLOT_WAIT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
 }
@@ -281,19 +338,16 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         signer,
         admin,
         limits: cfg.limits,
-        batch_slots: tokio::sync::Semaphore::new(server::MAX_CONCURRENT_BATCHES),
+        admission: admission::Admission::new(&cfg.limits),
     });
     let app = server::router(state);
     let listener = tls::IngestListener::new(listener, tls);
     let is_tls = listener.is_tls();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let limits = cfg.limits;
+    let task = tokio::spawn(conn::serve(listener, app, limits, async move {
+        let _ = stopped.await;
+    }));
     Ok(RunningIngest {
         addr,
         tls: is_tls,

@@ -6,7 +6,9 @@
 //! JSON `{ "error": … }` body and never a 500 or a panic; a 5xx only means the store failed.
 //! It never trusts the batch for `org` or `sensor` (both come from the key), never stores an
 //! event that did not pass `validate_and_filter_event`, and never runs SQLite or a large parse
-//! on an async worker thread.
+//! on an async worker thread. A batch is admitted in two steps ([`super::admission`]): its key's
+//! turn before the body is read, a shared slot after; a refusal is a 429 or 503 with
+//! `Retry-After`, never a wait longer than a second.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +24,8 @@ use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Map, Value};
 
+use super::admission::{Admission, Refusal};
+use super::batch::{self, BatchError, MAX_EVENT_BYTES};
 use super::keys::{AdminSecret, Signer};
 use super::store::{
     BatchOutcome, BatchWrite, EventQuery, EventRow, KeyRecord, RevokeOutcome, Store, StoreError,
@@ -47,22 +51,19 @@ pub const MAX_EVENTS_LIMIT: u32 = 1000;
 const MAX_ADMIN_BODY_BYTES: usize = 16 * 1024;
 /// Longest org or key name accepted at minting.
 pub const MAX_ORG_LEN: usize = 128;
-/// Longest sensor `version` / `transport` string recorded per sensor.
-const MAX_SENSOR_INFO_LEN: usize = 64;
-/// Batches read, filtered and written at the same time. Bounds memory (each may hold up to the
-/// body limit plus its parsed form) without costing throughput: past a few, the cores and the
-/// single writer are the limit, and later batches simply wait their turn.
-pub const MAX_CONCURRENT_BATCHES: usize = 16;
-/// Highest batch envelope version understood (DESIGN §4).
-const MAX_BATCH_VERSION: u64 = 2;
+/// Shared batch slots by default; see [`super::Limits::max_concurrent_batches`].
+pub const MAX_CONCURRENT_BATCHES: usize = super::DEFAULT_MAX_CONCURRENT_BATCHES;
+/// `Retry-After` (seconds) on a batch refused for the key's limit (429) or the slots (503):
+/// slots free up as soon as a batch commits, so a second is enough.
+const RETRY_AFTER_SECS: &str = "1";
 
 pub(crate) struct AppState {
     pub store: Arc<Store>,
     pub signer: Signer,
     pub admin: AdminSecret,
     pub limits: Limits,
-    /// One permit per batch in progress ([`MAX_CONCURRENT_BATCHES`]).
-    pub batch_slots: tokio::sync::Semaphore,
+    /// The per-key limit and the shared batch slots, with refusals counted per key.
+    pub admission: Admission,
 }
 
 type Shared = Arc<AppState>;
@@ -84,6 +85,8 @@ pub(crate) fn router(state: Shared) -> Router {
 struct ApiError {
     status: StatusCode,
     message: String,
+    /// Sends `Retry-After` ([`RETRY_AFTER_SECS`]).
+    retry_after: bool,
 }
 
 impl IntoResponse for ApiError {
@@ -93,6 +96,12 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if self.retry_after {
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
         r
     }
 }
@@ -101,7 +110,22 @@ fn error(status: StatusCode, msg: impl Into<String>) -> ApiError {
     ApiError {
         status,
         message: msg.into(),
+        retry_after: false,
     }
+}
+
+/// A batch not admitted: 429 when its key already has its share in flight, 503 when no slot
+/// freed up in time; both ask the sensor to come back after [`RETRY_AFTER_SECS`].
+fn refused(why: Refusal) -> ApiError {
+    let mut e = match why {
+        Refusal::Rate => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many batches of this key in progress; retry later",
+        ),
+        Refusal::Slots => error(StatusCode::SERVICE_UNAVAILABLE, "ingest busy; retry later"),
+    };
+    e.retry_after = true;
+    e
 }
 
 fn unauthorized(msg: &str) -> ApiError {
@@ -209,83 +233,37 @@ async fn read_body(
     }
 }
 
-/// Why a batch was refused as a whole.
-#[derive(Debug)]
-enum BatchError {
-    Malformed(String),
-    TooMany { got: usize, max: usize },
-}
-
-impl BatchError {
-    fn into_api(self) -> ApiError {
-        match self {
-            BatchError::Malformed(m) => error(StatusCode::BAD_REQUEST, m),
-            BatchError::TooMany { got, max } => error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("batch has {got} events; at most {max} per batch"),
-            ),
-        }
+fn batch_error(e: BatchError) -> ApiError {
+    match e {
+        BatchError::Malformed(m) => error(StatusCode::BAD_REQUEST, m),
+        BatchError::TooMany { max } => error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("batch has more than {max} events; at most {max} per batch"),
+        ),
     }
 }
 
-fn bounded_str(v: Option<&Value>) -> Option<String> {
-    v.and_then(Value::as_str)
-        .map(|s| s.chars().take(MAX_SENSOR_INFO_LEN).collect())
-}
-
-/// Parses a batch and runs every event through the shared filter, stamping `org`, `sensor` and
-/// `receivedAt`. Returns the rows to write and how many events were rejected.
+/// Parses a batch (counting and validating while reading, see [`batch`]) and runs every event
+/// through the shared filter, stamping `org`, `sensor` and `receivedAt`. Returns the rows to
+/// write and how many events were rejected. Only one event at a time becomes a `Value`, and only
+/// one of at most [`MAX_EVENT_BYTES`].
 fn prepare_batch(
     body: &[u8],
     key: &KeyRecord,
     max_events: usize,
 ) -> Result<(BatchWrite, u64), BatchError> {
-    let batch: Value = serde_json::from_slice(body)
-        .map_err(|e| BatchError::Malformed(format!("body is not valid JSON: {e}")))?;
-    let Value::Object(mut batch) = batch else {
-        return Err(BatchError::Malformed("batch must be a JSON object".into()));
-    };
-    match batch.get("v") {
-        Some(Value::Number(n))
-            if n.as_u64()
-                .is_some_and(|v| (1..=MAX_BATCH_VERSION).contains(&v)) => {}
-        _ => {
-            return Err(BatchError::Malformed(format!(
-                "batch `v` must be an integer from 1 to {MAX_BATCH_VERSION}"
-            )))
-        }
-    }
-    let dropped = match batch.get("dropped") {
-        None | Some(Value::Null) => 0,
-        Some(v) => v.as_u64().ok_or_else(|| {
-            BatchError::Malformed("batch `dropped` must be a non-negative integer".into())
-        })?,
-    };
-    let sensor = batch.get("sensor").and_then(Value::as_object);
-    let sensor_version = bounded_str(sensor.and_then(|s| s.get("version")));
-    let sensor_transport = bounded_str(sensor.and_then(|s| s.get("transport")));
-    let events = match batch.remove("events") {
-        Some(Value::Array(a)) => a,
-        _ => {
-            return Err(BatchError::Malformed(
-                "batch `events` must be an array".into(),
-            ))
-        }
-    };
-    if events.len() > max_events {
-        return Err(BatchError::TooMany {
-            got: events.len(),
-            max: max_events,
-        });
-    }
+    let raw = batch::parse(body, max_events)?;
     let received_at = crate::event::rfc3339_ms(SystemTime::now());
-    let mut rows = Vec::with_capacity(events.len());
+    let mut rows = Vec::with_capacity(raw.events.len());
     let mut rejected = 0u64;
-    for ev in &events {
-        match validate_and_filter_event(ev)
-            .ok()
-            .and_then(|f| stamp(f, key, &received_at))
-        {
+    for text in raw.events {
+        let text = text.get();
+        let row = (text.len() <= MAX_EVENT_BYTES)
+            .then(|| serde_json::from_str::<Value>(text).ok())
+            .flatten()
+            .and_then(|ev| validate_and_filter_event(&ev).ok())
+            .and_then(|f| stamp(f, key, &received_at));
+        match row {
             Some(row) => rows.push(row),
             None => rejected += 1,
         }
@@ -296,9 +274,9 @@ fn prepare_batch(
             org: key.org.clone(),
             received_at,
             rows,
-            dropped,
-            sensor_version,
-            sensor_transport,
+            dropped: raw.dropped,
+            sensor_version: raw.sensor_version,
+            sensor_transport: raw.sensor_transport,
         },
         rejected,
     ))
@@ -337,13 +315,13 @@ fn stamp(filtered: Value, key: &KeyRecord, received_at: &str) -> Option<EventRow
 
 async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
     let key = authenticate_sensor(&state, &headers)?;
-    // The semaphore is never closed, so acquiring only fails if that changes; answer 503 then.
-    let _slot = state.batch_slots.acquire().await.map_err(|_| {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting down; retry later",
-        )
-    })?;
+    // The key's turn before its body (bounds what one key holds in memory), the shared slot
+    // only once the body is in (a slow body never holds a slot other keys need).
+    let _turn = state
+        .admission
+        .key_turn(&key.key_id)
+        .await
+        .map_err(refused)?;
     let bytes = read_body(
         &headers,
         body,
@@ -351,11 +329,12 @@ async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body
         state.limits.body_read_timeout,
     )
     .await?;
+    let _slot = state.admission.slot(&key.key_id).await.map_err(refused)?;
     let max_events = state.limits.max_batch_events;
     let prepared =
         tokio::task::spawn_blocking(move || prepare_batch(&bytes, &key, max_events)).await;
     let (write, rejected) = match prepared {
-        Ok(p) => p.map_err(BatchError::into_api)?,
+        Ok(p) => p.map_err(batch_error)?,
         Err(e) => {
             tracing::warn!(error = %e, "Batch preparation task failed");
             return Err(error(
@@ -527,6 +506,23 @@ async fn get_events(State(state): State<Shared>, headers: HeaderMap, q: QueryPar
 
 async fn get_sensors(State(state): State<Shared>, headers: HeaderMap) -> ApiResult {
     authenticate_admin(&state, &headers)?;
-    let s = state.store.sensors().await.map_err(store_failed)?;
-    Ok(Json(json!({ "sensors": s })).into_response())
+    let stored = state.store.sensors().await.map_err(store_failed)?;
+    let mut refusals = state.admission.refusals();
+    let mut sensors = Vec::with_capacity(stored.len() + refusals.len());
+    for s in stored {
+        let r = refusals.remove(&s.key_id).unwrap_or_default();
+        let mut v = serde_json::to_value(&s).unwrap_or(Value::Null);
+        v["refused"] = json!({ "rate": r.rate, "slots": r.slots });
+        sensors.push(v);
+    }
+    // Keys refused before any of their batches was stored.
+    let mut rest: Vec<_> = refusals.into_iter().collect();
+    rest.sort_by(|a, b| a.0.cmp(&b.0));
+    for (key_id, r) in rest {
+        sensors.push(json!({
+            "keyId": key_id, "batches": 0, "accepted": 0, "dropped": 0,
+            "refused": { "rate": r.rate, "slots": r.slots },
+        }));
+    }
+    Ok(Json(json!({ "sensors": sensors })).into_response())
 }

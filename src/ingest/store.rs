@@ -570,9 +570,9 @@ impl Store {
             let rows = st.query_map([], |r| {
                 Ok(SensorStats {
                     key_id: r.get(0)?,
-                    batches: r.get::<_, i64>(1)?.max(0) as u64,
-                    accepted: r.get::<_, i64>(2)?.max(0) as u64,
-                    dropped: r.get::<_, i64>(3)?.max(0) as u64,
+                    batches: counter(r, 1)?,
+                    accepted: counter(r, 2)?,
+                    dropped: counter(r, 3)?,
                     version: r.get(4)?,
                     transport: r.get(5)?,
                     last_seen: r.get(6)?,
@@ -601,6 +601,19 @@ impl Store {
         })
         .await;
     }
+}
+
+/// A counter column as a `u64`. Written saturating, so always an integer; a REAL left by a
+/// database written before counters saturated is read as its value, capped, so that one row
+/// cannot make the whole sensors view fail.
+fn counter(r: &rusqlite::Row<'_>, i: usize) -> Result<u64, rusqlite::Error> {
+    use rusqlite::types::ValueRef;
+    Ok(match r.get_ref(i)? {
+        ValueRef::Integer(n) => n.max(0) as u64,
+        // `as` saturates (and maps NaN to 0).
+        ValueRef::Real(f) => (f as i64).max(0) as u64,
+        _ => 0,
+    })
 }
 
 /// Largest integer an f64 holds exactly.
@@ -794,17 +807,22 @@ fn apply_batch(c: &Connection, b: &BatchWrite) -> Result<BatchOutcome, rusqlite:
         ])? as u64;
     }
     let duplicates = b.rows.len() as u64 - accepted;
+    // Every counter saturates at i64::MAX: SQLite would turn an overflowing `+` into a REAL,
+    // which no later read as an integer accepts (issue 14: two batches reporting u64::MAX
+    // `dropped` broke `GET /v1/admin/sensors` for good).
     c.prepare_cached(
         "INSERT INTO sensors (key_id, batches, accepted, dropped, version, transport, last_seen)
          VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT(key_id) DO UPDATE SET
-            batches = batches + 1, accepted = accepted + ?2, dropped = dropped + ?3,
+            batches = CASE WHEN batches > 9223372036854775807 - 1 THEN 9223372036854775807 ELSE batches + 1 END,
+            accepted = CASE WHEN accepted > 9223372036854775807 - ?2 THEN 9223372036854775807 ELSE accepted + ?2 END,
+            dropped = CASE WHEN dropped > 9223372036854775807 - ?3 THEN 9223372036854775807 ELSE dropped + ?3 END,
             version = coalesce(?4, version), transport = coalesce(?5, transport),
             last_seen = ?6",
     )?
     .execute(params![
         b.key_id,
-        accepted as i64,
+        i64::try_from(accepted).unwrap_or(i64::MAX),
         i64::try_from(b.dropped).unwrap_or(i64::MAX),
         b.sensor_version,
         b.sensor_transport,
@@ -842,6 +860,71 @@ fn apply_revoke(c: &Connection, key_id: &str) -> Result<RevokeOutcome, rusqlite:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn batch(key_id: &str, dropped: u64) -> BatchWrite {
+        BatchWrite {
+            key_id: key_id.into(),
+            org: "acme".into(),
+            received_at: "2026-11-30T19:00:00.000Z".into(),
+            rows: Vec::new(),
+            dropped,
+            sensor_version: None,
+            sensor_transport: None,
+        }
+    }
+
+    async fn open_with_key(dir: &Path) -> Arc<Store> {
+        let store = Store::open(&dir.join("t.db")).expect("open");
+        store
+            .mint(KeyRecord {
+                key_id: "k_1".into(),
+                org: "acme".into(),
+                name: None,
+                created_at: "2026-11-30T19:00:00.000Z".into(),
+                revoked_at: None,
+            })
+            .await
+            .expect("mint");
+        store
+    }
+
+    #[tokio::test]
+    async fn sensor_counters_saturate_instead_of_turning_real() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open_with_key(dir.path()).await;
+        for _ in 0..3 {
+            store
+                .write_batch(batch("k_1", u64::MAX))
+                .await
+                .expect("batch");
+        }
+        let s = store.sensors().await.expect("sensors view still reads");
+        assert_eq!(s[0].dropped, i64::MAX as u64);
+        assert_eq!(s[0].batches, 3);
+        let kind: String = Connection::open(dir.path().join("t.db"))
+            .and_then(|c| c.query_row("SELECT typeof(dropped) FROM sensors", [], |r| r.get(0)))
+            .expect("typeof");
+        assert_eq!(kind, "integer");
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_real_counter_left_by_an_older_build_is_read_and_healed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = open_with_key(dir.path()).await;
+        store.write_batch(batch("k_1", 1)).await.expect("batch");
+        Connection::open(dir.path().join("t.db"))
+            .and_then(|c| c.execute("UPDATE sensors SET dropped = 3.6893488147419103e19", []))
+            .expect("corrupt");
+        let s = store.sensors().await.expect("sensors view reads a REAL");
+        assert_eq!(s[0].dropped, i64::MAX as u64);
+        store.write_batch(batch("k_1", 1)).await.expect("batch");
+        let kind: String = Connection::open(dir.path().join("t.db"))
+            .and_then(|c| c.query_row("SELECT typeof(dropped) FROM sensors", [], |r| r.get(0)))
+            .expect("typeof");
+        assert_eq!(kind, "integer");
+        store.close().await;
+    }
 
     fn app_and_version(path: &Path) -> (i64, i64) {
         let c = Connection::open(path).expect("open");
