@@ -14,11 +14,20 @@
 //! The upstream is an in-process hyper server on its own runtime thread; the wrapper measured is
 //! the real binary cargo built next to this one (release under `cargo bench`).
 //!
+//! A second table drives real clients and a real server: the official MCP Python SDK client
+//! (tests/python, in the venv scripts/test-deps.sh builds) making sequential `tools/call` of
+//! `echo` against `@modelcontextprotocol/server-everything` (tests/node), direct, through the
+//! relay and through the observed proxy. When either is not installed the table is left out
+//! with a line saying so.
+//!
 //! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
 //! non-zero only when the harness itself cannot run. `cargo bench --bench http` measures
 //! (`BENCH_QUICK=1` for a smaller workload); without `--bench` (as under
 //! `cargo test --all-targets`) it is a seconds-long smoke run. Results: a table on stdout and,
 //! when measuring, `bench/out/http.json`.
+
+#[path = "../tests/interop_support/mod.rs"]
+mod interop_support;
 
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
@@ -51,6 +60,10 @@ struct Settings {
     calls: usize,
     sse: usize,
     blobs: usize,
+    /// Sequential `tools/call` per Python SDK client run (issue 13: 500).
+    py_calls: usize,
+    /// Python SDK client runs per target, in rotating order; the table shows the median.
+    py_rounds: usize,
 }
 
 type BoxBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -416,6 +429,8 @@ fn main() {
             calls: 30,
             sse: 3,
             blobs: 1,
+            py_calls: 5,
+            py_rounds: 1,
         }
     } else if quick {
         Settings {
@@ -424,6 +439,8 @@ fn main() {
             calls: 300,
             sse: 20,
             blobs: 3,
+            py_calls: 100,
+            py_rounds: 1,
         }
     } else {
         Settings {
@@ -432,6 +449,8 @@ fn main() {
             calls: 2_000,
             sse: 100,
             blobs: 20,
+            py_calls: 500,
+            py_rounds: 5,
         }
     };
     let addr = start_upstream();
@@ -542,6 +561,7 @@ fn main() {
         );
     }
     println!("\nTargets: added p50 ≤ 150 µs; 5 MB bandwidth ≥ 0.8× direct.");
+    let python = python_sdk_table(&s);
     if !benching {
         println!(
             "Smoke run (no --bench): figures are not meaningful; run `cargo bench --bench http`."
@@ -549,10 +569,91 @@ fn main() {
         return;
     }
     let _ = std::fs::create_dir_all(OUT_DIR);
-    let json: serde_json::Value = results
+    let mut json: serde_json::Map<_, _> = results
         .iter()
         .map(|(n, f)| (n.to_string(), serde_json::to_value(f).unwrap_or_default()))
-        .collect::<serde_json::Map<_, _>>()
-        .into();
+        .collect();
+    if let Some(py) = python {
+        json.insert("python_sdk".into(), py);
+    }
+    let json = serde_json::Value::from(json);
     let _ = std::fs::write(format!("{OUT_DIR}/http.json"), json.to_string());
+}
+
+/// Longest one Python SDK client run may take: 500 calls took 22 s through the proxy before its
+/// upstream connections set TCP_NODELAY; a run that hangs is killed, not waited on.
+const PY_RUN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The Python SDK client table: `py_rounds` runs of `py_calls` sequential `tools/call` per
+/// target, each run a fresh client process and session (connecting is not timed). Returns the
+/// medians for bench/out/http.json, or None when the client or the server is not installed or
+/// a run failed (said on stdout).
+fn python_sdk_table(s: &Settings) -> Option<serde_json::Value> {
+    use interop_support::{node_packages_installed, python_sdk_installed};
+    println!(
+        "\nOfficial MCP Python SDK client → server-everything (Streamable HTTP): {} sequential tools/call per run, median of {} runs\n",
+        s.py_calls, s.py_rounds
+    );
+    if !node_packages_installed() || !python_sdk_installed() {
+        println!(
+            "Python SDK table left out: server-everything (tests/node) or the Python SDK venv \
+             (tests/python/.venv) is not installed; run scripts/test-deps.sh."
+        );
+        return None;
+    }
+    let server = interop_support::start_everything();
+    let addr = SocketAddr::from(([127, 0, 0, 1], server.port));
+    let relay = Proxy::start(addr, Kind::Relay);
+    let observed = Proxy::start(addr, Kind::Observed);
+    let targets = [
+        ("direct", server.port),
+        ("TCP relay (floor)", relay.port),
+        ("proxy (observed)", observed.port),
+    ];
+    let calls = s.py_calls.to_string();
+    let mut secs: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    for round in 0..s.py_rounds {
+        for k in 0..targets.len() {
+            let t = (k + round) % targets.len();
+            let url = format!("http://127.0.0.1:{}/mcp", targets[t].1);
+            match interop_support::run_python_client(&["bench", &url, &calls], PY_RUN_TIMEOUT) {
+                Ok(v) => secs[t].push(v["seconds"].as_f64().unwrap_or(f64::NAN)),
+                Err(e) => {
+                    println!(
+                        "Python SDK table left out: {} run failed: {e}",
+                        targets[t].0
+                    );
+                    return None;
+                }
+            }
+        }
+    }
+    let med: Vec<f64> = secs
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            pct(v, 0.5)
+        })
+        .collect();
+    println!(
+        "| target | {} calls s | ms / call | × direct | × relay |",
+        s.py_calls
+    );
+    println!("|---|---|---|---|---|");
+    for ((name, _), m) in targets.iter().zip(&med) {
+        println!(
+            "| {name} | {m:.2} | {:.2} | {:.2}× | {:.2}× |",
+            m * 1000.0 / s.py_calls as f64,
+            m / med[0],
+            m / med[1],
+        );
+    }
+    println!("\nTarget: proxy ≤ 1.10× direct.");
+    Some(json!({
+        "calls": s.py_calls,
+        "runs": s.py_rounds,
+        "direct_s": med[0],
+        "relay_s": med[1],
+        "proxy_observed_s": med[2],
+    }))
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the pinned non-Rust packages the interoperability tests run against:
-# the official MCP TypeScript SDK and server-everything (tests/node/package-lock.json).
-# Idempotent; needs only node/npm and the npm registry.
+# Installs the pinned non-Rust packages the interoperability tests and the HTTP benchmark run
+# against: the official MCP TypeScript SDK and server-everything (tests/node/package-lock.json),
+# and the official MCP Python SDK in a virtualenv (tests/python/requirements.txt →
+# tests/python/.venv). Idempotent and quick once installed; needs node/npm, python3 (with the
+# venv module) and the npm and PyPI registries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v npm >/dev/null 2>&1; then
@@ -9,3 +11,21 @@ if ! command -v npm >/dev/null 2>&1; then
   exit 1
 fi
 npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
+
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "python3 is required for the Python SDK interoperability test (apt-get install python3 python3-venv)" >&2
+  exit 1
+fi
+venv=tests/python/.venv
+reqs=tests/python/requirements.txt
+# The venv records the requirements it was built from; the same file again means nothing to do.
+stamp="$venv/.requirements.sha256"
+want=$(sha256sum "$reqs" | cut -d' ' -f1)
+if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  exit 0
+fi
+# From nothing each time the pins change: a venv never carries packages of an older set.
+python3 -m venv --clear "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$reqs"
+"$venv/bin/python" -m pip check --disable-pip-version-check >/dev/null
+echo "$want" >"$stamp"

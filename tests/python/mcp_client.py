@@ -1,0 +1,215 @@
+"""Interop driver built on the official MCP Python SDK (PyPI `mcp`, pinned in requirements.txt).
+
+Used by tests/python_interop.rs and bench/http.rs, against an MCP server's Streamable HTTP
+endpoint, directly or through the proxy:
+
+  python mcp_client.py transcript <url>
+    Runs a fixed session (connect, list tools, call echo, get-sum, a tool that streams progress
+    notifications, an unknown tool, close) and prints one JSON line: every JSON-RPC message
+    the SDK's transport sent and received, in the order the SDK saw them, and the set of HTTP
+    exchanges (method, status, content type, whether a session id came back).
+
+  python mcp_client.py bench <url> <calls>
+    Connects, then makes <calls> sequential `tools/call` of echo, and prints one JSON line with
+    the seconds those calls took (connecting and closing are not timed).
+
+The transcript is taken between the SDK's client session and its Streamable HTTP transport, so
+it shows what a real SDK client receives, including notifications it did not ask for.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.message import SessionMessage
+from mcp.types import Implementation
+
+# The client name the server sees; fixed so both runs of a transcript send the same bytes.
+CLIENT_INFO = Implementation(name="python-interop-client", version="1.0.0")
+# The SDK opens its GET stream concurrently with the POST of notifications/initialized, so which
+# one the server handles first is a race even without a proxy (server-everything then sends
+# notifications/tools/list_changed on the stream, or not). The transcript holds the GET back by
+# this much, half of Linux's minimum delayed ACK (40 ms): a hop that adds sub-millisecond
+# latency keeps the order, one that makes a request wait for a delayed ACK does not.
+GET_STREAM_DELAY_S = 0.020
+# Long enough for the slowest scripted call (the progress tool runs for 1 s) on a loaded machine.
+READ_TIMEOUT_S = 60.0
+
+
+def dump(item: Any) -> Any:
+    """A transport item as JSON: the message as the SDK puts it on the wire, or the error."""
+    if isinstance(item, SessionMessage):
+        return item.message.model_dump(by_alias=True, mode="json", exclude_unset=True)
+    return {"transportError": type(item).__name__}
+
+
+class RecordingRead:
+    """The transport's read stream, noting every item the session receives from it."""
+
+    def __init__(self, inner: Any, log: list[dict[str, Any]]) -> None:
+        self._inner = inner
+        self._log = log
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        item = await self._inner.receive()
+        self._log.append({"received": dump(item)})
+        return item
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> RecordingRead:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> RecordingRead:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class RecordingWrite:
+    """The transport's write stream, noting every message the session sends on it."""
+
+    def __init__(self, inner: Any, log: list[dict[str, Any]]) -> None:
+        self._inner = inner
+        self._log = log
+
+    async def send(self, item: SessionMessage, /) -> None:
+        self._log.append({"sent": dump(item)})
+        await self._inner.send(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> RecordingWrite:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class RecordingTransport:
+    """The SDK's own Streamable HTTP transport, with its two streams recorded."""
+
+    def __init__(self, url: str, http_client: httpx2.AsyncClient, log: list[dict[str, Any]]) -> None:
+        self._url = url
+        self._http = http_client
+        self._log = log
+        self._cm: Any = None
+
+    async def __aenter__(self) -> tuple[RecordingRead, RecordingWrite]:
+        self._cm = streamable_http_client(self._url, http_client=self._http)
+        read, write = await self._cm.__aenter__()
+        return RecordingRead(read, self._log), RecordingWrite(write, self._log)
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._cm.__aexit__(*exc)
+
+
+@asynccontextmanager
+async def traced_http(exchanges: set[str]) -> AsyncIterator[httpx2.AsyncClient]:
+    """The SDK's default HTTP client, noting the shape of every response it gets, and holding
+    the GET stream back by GET_STREAM_DELAY_S."""
+
+    async def on_request(request: httpx2.Request) -> None:
+        if request.method == "GET":
+            await anyio.sleep(GET_STREAM_DELAY_S)
+
+    async def on_response(response: httpx2.Response) -> None:
+        ctype = response.headers.get("content-type", "").split(";")[0].strip()
+        exchanges.add(
+            json.dumps(
+                {
+                    "method": response.request.method,
+                    "status": response.status_code,
+                    "contentType": ctype,
+                    "sessionHeader": "mcp-session-id" in response.headers,
+                },
+                sort_keys=True,
+            )
+        )
+
+    http = create_mcp_http_client()
+    http.event_hooks["request"].append(on_request)
+    http.event_hooks["response"].append(on_response)
+    async with http:
+        yield http
+
+
+async def transcript(url: str) -> dict[str, Any]:
+    log: list[dict[str, Any]] = []
+    exchanges: set[str] = set()
+    progress: list[float] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(done)
+
+    async with traced_http(exchanges) as http:
+        async with Client(
+            RecordingTransport(url, http, log),
+            client_info=CLIENT_INFO,
+            read_timeout_seconds=READ_TIMEOUT_S,
+        ) as client:
+            await client.list_tools()
+            await client.call_tool("echo", {"message": "through the proxy"})
+            await client.call_tool("get-sum", {"a": 40, "b": 2})
+            await client.call_tool(
+                "trigger-long-running-operation",
+                {"duration": 1, "steps": 3},
+                progress_callback=on_progress,
+            )
+            await client.call_tool("no-such-tool", {})
+    return {
+        "messages": log,
+        "progress": progress,
+        "http": [json.loads(e) for e in sorted(exchanges)],
+    }
+
+
+async def bench(url: str, calls: int) -> dict[str, Any]:
+    async with Client(url, client_info=CLIENT_INFO, read_timeout_seconds=READ_TIMEOUT_S) as client:
+        # One call before the clock starts, so connection set-up is not timed.
+        await client.call_tool("echo", {"message": "warm-up"})
+        t = time.perf_counter()
+        for i in range(calls):
+            r = await client.call_tool("echo", {"message": f"call {i}"})
+            if r.is_error:
+                raise SystemExit(f"echo call {i} failed: {r}")
+        secs = time.perf_counter() - t
+    return {"calls": calls, "seconds": secs}
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "transcript":
+        out = anyio.run(transcript, args[1])
+    elif len(args) == 3 and args[0] == "bench":
+        out = anyio.run(bench, args[1], int(args[2]))
+    else:
+        print("usage: mcp_client.py transcript <url> | bench <url> <calls>", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(out, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

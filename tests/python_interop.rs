@@ -1,0 +1,156 @@
+//! Interoperability with the official MCP Python SDK client (PyPI `mcp`, pinned in
+//! tests/python/requirements.txt) against `@modelcontextprotocol/server-everything` over
+//! Streamable HTTP: the same scripted session (connect, list tools, call echo, get-sum, a tool
+//! that streams progress notifications, an unknown tool, close) run directly and through the
+//! observed proxy must give the client the same messages, in the same order, and every
+//! `tools/call` must become an event in the proxy's `file:` sink.
+//!
+//! Nothing in the messages is normalised: they hold no session id and no timestamp, and
+//! server-everything answers this script the same way every time. Session ids, which do differ,
+//! travel in headers; the transcript keeps only whether one came back. The one liberty the
+//! script takes is with the client's timing: the SDK opens its GET stream concurrently with the
+//! POST of `notifications/initialized`, and the script holds that GET back by 20 ms
+//! (tests/python/mcp_client.py says why), so that only a hop that delays requests by more than
+//! that can reorder them.
+//!
+//! A regression test for the proxy's upstream connections running with Nagle's algorithm: the
+//! proxy forwards a request's head and body as separate writes, so each body waited for the
+//! upstream's delayed ACK (~40 ms), and the POST of `notifications/initialized` reached the
+//! upstream after the client's GET stream. server-everything then sent the
+//! `notifications/tools/list_changed` of its post-initialisation tool registrations on that
+//! stream, which a direct client never receives. Before the fix, 10 of 10 runs of this test
+//! failed (10 of the 13 proxied sessions they ran had the extra notification); after it, 10 of
+//! 10 passed (50 sessions).
+//!
+//! The venv is built by scripts/test-deps.sh; when it is missing this test fails and says so.
+
+mod interop_support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use interop_support::{
+    require_node_packages, require_python_sdk, run_python_client, start_everything, start_proxy,
+};
+use serde_json::Value;
+
+/// One scripted session takes ~2 s (one tool runs for 1 s); generous for a loaded machine.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Proxied sessions per run. The reordering this test guards against depends on timing (before
+/// the fix it showed in 10 of 13 single sessions); with five, a proxy that reorders is all but
+/// certain to be caught.
+const PROXIED_SESSIONS: usize = 5;
+/// The proxy's flush interval: short, so the events are in the file soon after the calls.
+const FLUSH_MS: &str = "50";
+/// How long the events may take to reach the file sink after the last session.
+const EVENTS_TIMEOUT: Duration = Duration::from_secs(30);
+/// The `tools/call`s the script makes, with the status each event must carry (the unknown
+/// tool is answered with `isError: true`, a 500).
+const SCRIPTED_CALLS: [(&str, u64); 4] = [
+    ("echo", 200),
+    ("get-sum", 200),
+    ("trigger-long-running-operation", 200),
+    ("no-such-tool", 500),
+];
+
+fn transcript(url: &str) -> Value {
+    run_python_client(&["transcript", url], CLIENT_TIMEOUT).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One line per message, `sent`/`received` and the method or id: what a failure prints first.
+fn outline(t: &Value) -> Vec<String> {
+    t["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            let (dir, msg) = m
+                .as_object()
+                .and_then(|o| o.iter().next())
+                .expect("one direction");
+            match msg.get("method") {
+                Some(method) => format!("{dir} {}", method.as_str().unwrap_or("?")),
+                None => format!("{dir} response id={}", msg["id"]),
+            }
+        })
+        .collect()
+}
+
+/// The events in the file sink (one batch per line), grouped by session.
+fn events_by_session(path: &Path) -> BTreeMap<String, Vec<Value>> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut sessions: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let batch: Value = serde_json::from_str(line).expect("a batch per line");
+        for e in batch["events"].as_array().expect("events") {
+            let sid = e["session"]["id"].as_str().unwrap_or("").to_string();
+            sessions.entry(sid).or_default().push(e.clone());
+        }
+    }
+    sessions
+}
+
+#[test]
+fn python_sdk_transcript_is_identical_through_the_proxy() {
+    require_node_packages();
+    require_python_sdk();
+    let server = start_everything();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events = dir.path().join("events.jsonl");
+    let sink = format!("file:{}", events.display());
+    let (_proxy, port) = start_proxy(&server.url(), &["--ingest", &sink, "--flush-ms", FLUSH_MS]);
+
+    let direct = transcript(&server.url());
+    // The script ran as written: the sum, three progress notifications before the result.
+    let text = direct.to_string();
+    assert!(text.contains("The sum of 40 and 2 is 42."), "{direct}");
+    assert_eq!(direct["progress"], serde_json::json!([1.0, 2.0, 3.0]));
+
+    for session in 0..PROXIED_SESSIONS {
+        let proxied = transcript(&format!("http://127.0.0.1:{port}/mcp"));
+        // The outline first: a reordered or extra message is readable there.
+        assert_eq!(
+            outline(&direct),
+            outline(&proxied),
+            "proxied session {session}: the messages differ from the direct session's"
+        );
+        assert_eq!(
+            direct, proxied,
+            "proxied session {session}: the transcript differs from the direct one"
+        );
+    }
+
+    // Every tools/call of every proxied session is one event, with the status it earned, in
+    // the order the client made them.
+    let deadline = Instant::now() + EVENTS_TIMEOUT;
+    let sessions = loop {
+        let sessions = events_by_session(&events);
+        let total: usize = sessions.values().map(Vec::len).sum();
+        if total >= PROXIED_SESSIONS * SCRIPTED_CALLS.len() || Instant::now() > deadline {
+            break sessions;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        sessions.len(),
+        PROXIED_SESSIONS,
+        "one session per proxied run: {sessions:?}"
+    );
+    for (sid, evs) in &sessions {
+        let got: Vec<(&str, u64)> = evs
+            .iter()
+            .map(|e| {
+                (
+                    e["rec"]["action"].as_str().unwrap_or(""),
+                    e["status"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect();
+        assert_eq!(got, SCRIPTED_CALLS, "session {sid}: {evs:?}");
+        for e in evs {
+            assert_eq!(e["session"]["client"], "python-interop-client", "{e}");
+            assert_eq!(e["dest"]["host"], format!("127.0.0.1:{}", server.port));
+        }
+    }
+}
