@@ -7,11 +7,9 @@
 //!
 //! Nothing in the messages is normalised: they hold no session id and no timestamp, and
 //! server-everything answers this script the same way every time. Session ids, which do differ,
-//! travel in headers; the transcript keeps only whether one came back. The one liberty the
-//! script takes is with the client's timing: the SDK opens its GET stream concurrently with the
-//! POST of `notifications/initialized`, and the script holds that GET back by 20 ms
-//! (tests/python/mcp_client.py says why), so that only a hop that delays requests by more than
-//! that can reorder them.
+//! travel in headers; the transcript keeps only whether one came back. The client's timing is
+//! the SDK's own: it opens its GET stream concurrently with the POST of
+//! `notifications/initialized`, each on a new connection, as it does against any server.
 //!
 //! A regression test for the proxy's upstream connections running with Nagle's algorithm: the
 //! proxy forwards a request's head and body as separate writes, so each body waited for the
@@ -20,7 +18,13 @@
 //! `notifications/tools/list_changed` of its post-initialisation tool registrations on that
 //! stream, which a direct client never receives. Before the fix, 10 of 10 runs of this test
 //! failed (10 of the 13 proxied sessions they ran had the extra notification); after it, 10 of
-//! 10 passed (50 sessions).
+//! 10 passed (50 sessions) only while the script held its GET back by 20 ms.
+//!
+//! And for the proxy's one upstream connection pool shared by all client connections: without
+//! that hold-back the GET, read first, took the idle pooled upstream connection while the POST
+//! sent before it waited for a new one, and reached the upstream second (2 of 3 runs failed).
+//! With a pool per client connection, the proxy connects upstream as the client connects to it,
+//! and 6 of 6 runs (30 proxied sessions) passed.
 //!
 //! The venv is built by scripts/test-deps.sh; when it is missing this test fails and says so.
 

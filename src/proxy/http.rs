@@ -1,7 +1,8 @@
 //! Streamable HTTP mode: a transparent reverse proxy in front of a remote MCP endpoint
 //! (DESIGN §1, §2a, §9).
 //!
-//! Owns the listener, the upstream client, the process's runtime, signal handling and shutdown.
+//! Owns the listener, the upstream connector (and one upstream client per client connection),
+//! the process's runtime, signal handling and shutdown.
 //! Goes in: the validated [`Config`] (`Mode::Http`). Comes out: an exit code. Each accepted
 //! connection is served by [`forward`] on a one-worker relay runtime; copies of what it forwards
 //! go to [`watch`], an observation task that owns the [`crate::observe::Observer`], on a thread
@@ -266,7 +267,14 @@ impl Stopping {
 /// in hand is answered (hyper's graceful shutdown: no further request is read).
 async fn serve_connection(stream: tokio::net::TcpStream, fwd: Arc<forward::Forwarder>) {
     let stopping = fwd.stopping();
-    let service = service_fn(move |req| forward::forward(fwd.clone(), req));
+    // One upstream client, so one pool, per client connection: the proxy opens, reuses and
+    // closes upstream connections as this client does its own. With one pool shared by all
+    // clients, a request on a new client connection could take an idle upstream connection
+    // while a request sent before it on another new connection waited for a fresh one, and
+    // reach the upstream first (the official Python SDK's GET stream overtook its POST of
+    // `notifications/initialized` that way, and the server answered differently).
+    let client = connection_client(fwd.connector.clone());
+    let service = service_fn(move |req| forward::forward(fwd.clone(), client.clone(), req));
     let conn = hyper::server::conn::http1::Builder::new()
         .auto_date_header(false)
         .serve_connection(TokioIo::new(stream), service);
@@ -304,7 +312,7 @@ async fn shutdown_signal() -> i32 {
     }
 }
 
-fn upstream_client() -> Result<forward::UpstreamClient, String> {
+fn upstream_connector() -> Result<forward::UpstreamConnector, String> {
     let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
     // The request head and each body chunk go upstream as separate writes, as the client sent
     // them: with Nagle's algorithm on, every body waited for the upstream's delayed ACK of the
@@ -318,18 +326,23 @@ fn upstream_client() -> Result<forward::UpstreamClient, String> {
         .https_or_http()
         .enable_http1()
         .wrap_connector(tcp);
-    Ok(Client::builder(TokioExecutor::new())
+    Ok(https)
+}
+
+/// The upstream client of one client connection (see [`serve_connection`]).
+fn connection_client(connector: forward::UpstreamConnector) -> forward::UpstreamClient {
+    Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         // A request that could not be sent on a stale pooled connection is retried once by
         // the client itself, before any of its body was read.
         .retry_canceled_requests(true)
         .set_host(true)
         .http1_read_buf_exact_size(UPSTREAM_READ_BUF)
-        .build(https))
+        .build(connector)
 }
 
 async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
-    let client = match upstream_client() {
+    let connector = match upstream_connector() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{PREFIX} error: {e}");
@@ -375,7 +388,7 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
     let shutdown = Shutdown::new();
     let fwd = Arc::new(forward::Forwarder::new(
         upstream,
-        client,
+        connector,
         watch_tx,
         admission,
         shutdown.stopping(),

@@ -35,12 +35,6 @@ from mcp.types import Implementation
 
 # The client name the server sees; fixed so both runs of a transcript send the same bytes.
 CLIENT_INFO = Implementation(name="python-interop-client", version="1.0.0")
-# The SDK opens its GET stream concurrently with the POST of notifications/initialized, so which
-# one the server handles first is a race even without a proxy (server-everything then sends
-# notifications/tools/list_changed on the stream, or not). The transcript holds the GET back by
-# this much, half of Linux's minimum delayed ACK (40 ms): a hop that adds sub-millisecond
-# latency keeps the order, one that makes a request wait for a delayed ACK does not.
-GET_STREAM_DELAY_S = 0.020
 # Long enough for the slowest scripted call (the progress tool runs for 1 s) on a loaded machine.
 READ_TIMEOUT_S = 60.0
 
@@ -128,12 +122,8 @@ class RecordingTransport:
 
 @asynccontextmanager
 async def traced_http(exchanges: set[str]) -> AsyncIterator[httpx2.AsyncClient]:
-    """The SDK's default HTTP client, noting the shape of every response it gets, and holding
-    the GET stream back by GET_STREAM_DELAY_S."""
-
-    async def on_request(request: httpx2.Request) -> None:
-        if request.method == "GET":
-            await anyio.sleep(GET_STREAM_DELAY_S)
+    """The SDK's default HTTP client, noting the shape of every response it gets; its timing is
+    left as it is."""
 
     async def on_response(response: httpx2.Response) -> None:
         ctype = response.headers.get("content-type", "").split(";")[0].strip()
@@ -150,7 +140,6 @@ async def traced_http(exchanges: set[str]) -> AsyncIterator[httpx2.AsyncClient]:
         )
 
     http = create_mcp_http_client()
-    http.event_hooks["request"].append(on_request)
     http.event_hooks["response"].append(on_response)
     async with http:
         yield http

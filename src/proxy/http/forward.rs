@@ -50,13 +50,18 @@ const HOP_BY_HOP: &[&str] = &[
 /// calls in it can still be reported (as 502) — a slow client cannot hold a task for ever.
 const FAILED_BODY_DRAIN: Duration = Duration::from_secs(10);
 
-/// The upstream client. Bodies sent upstream are the client's own body, teed.
-pub type UpstreamClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, TeeBody>;
+/// How upstream connections are made (TCP, then TLS for `https://`), shared by every client
+/// connection's [`UpstreamClient`].
+pub type UpstreamConnector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// The upstream client of one client connection. Bodies sent upstream are the client's own
+/// body, teed.
+pub type UpstreamClient = Client<UpstreamConnector, TeeBody>;
 
 /// What the forwarding path shares across connections.
 pub struct Forwarder {
     pub upstream: Upstream,
-    pub client: UpstreamClient,
+    pub connector: UpstreamConnector,
     /// `None` with the kill switch: no observation at all.
     pub watch: Option<WatchTx>,
     /// Which requests may reach the upstream (`Host`, `Origin`); kept with the kill switch.
@@ -69,14 +74,14 @@ pub struct Forwarder {
 impl Forwarder {
     pub(crate) fn new(
         upstream: Upstream,
-        client: UpstreamClient,
+        connector: UpstreamConnector,
         watch: Option<WatchTx>,
         admission: Admission,
         stopping: Stopping,
     ) -> Self {
         Forwarder {
             upstream,
-            client,
+            connector,
             watch,
             admission,
             stopping,
@@ -411,6 +416,7 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
 /// Forwards one request. Never fails: an upstream failure is the client's 502.
 pub async fn forward(
     fwd: Arc<Forwarder>,
+    client: UpstreamClient,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let (mut parts, body) = req.into_parts();
@@ -456,10 +462,7 @@ pub async fn forward(
         watch: fwd.watch.as_ref(),
         ex,
     };
-    let result = fwd
-        .client
-        .request(Request::from_parts(parts, req_body))
-        .await;
+    let result = client.request(Request::from_parts(parts, req_body)).await;
     guard.answered();
     match result {
         Ok(resp) => {
