@@ -191,6 +191,7 @@ fn observer() -> Observer<Vec<Event>> {
             actor: "mcp:k".into(),
             on_behalf_of: None,
             capture: CAPTURE.iter().map(|s| s.to_string()).collect(),
+            capture_text: vec![],
             call_timeout: Duration::from_secs(60),
         },
         Vec::new(),

@@ -264,6 +264,20 @@ fn prepare_batch(
     let sensor = batch.get("sensor").and_then(Value::as_object);
     let sensor_version = bounded_str(sensor.and_then(|s| s.get("version")));
     let sensor_transport = bounded_str(sensor.and_then(|s| s.get("transport")));
+    // The sensor's version and transport are stored too: one that holds a value L4 removes gets
+    // every event of the batch rejected and counted, like a hit in an event's own metadata, and
+    // is not recorded. Checked in full, before `bounded_str` could cut a value in two.
+    let sensor_clear = ["version", "transport"].iter().all(|k| {
+        !sensor
+            .and_then(|s| s.get(*k))
+            .and_then(Value::as_str)
+            .is_some_and(crate::event::privacy::contains_sensitive)
+    });
+    let (sensor_version, sensor_transport) = if sensor_clear {
+        (sensor_version, sensor_transport)
+    } else {
+        (None, None)
+    };
     let events = match batch.remove("events") {
         Some(Value::Array(a)) => a,
         _ => {
@@ -284,6 +298,7 @@ fn prepare_batch(
     for ev in &events {
         match validate_and_filter_event(ev)
             .ok()
+            .filter(|_| sensor_clear)
             .and_then(|f| stamp(f, key, &received_at))
         {
             Some(row) => rows.push(row),

@@ -15,6 +15,7 @@ fn cfg() -> ObserverConfig {
         actor: "mcp:k1".into(),
         on_behalf_of: None,
         capture: vec![],
+        capture_text: vec![],
         call_timeout: Duration::from_secs(30),
     }
 }
