@@ -569,6 +569,64 @@ mod tests {
     }
 
     #[test]
+    fn capture_text_flags_replace_the_env_list() {
+        let (c, w) = resolve(
+            &["w", "--token", "obs1.k.s", "--", "s"],
+            &[(ENV_CAPTURE_TEXT, "reason, note,,")],
+        )
+        .expect("ok");
+        assert_eq!(
+            c.capture_text,
+            vec!["reason".to_string(), "note".to_string()]
+        );
+        assert!(w.is_empty(), "{w:?}");
+        let (c, _) = resolve(
+            &[
+                "w",
+                "--token",
+                "obs1.k.s",
+                "--capture-text",
+                "memo",
+                "--capture-text",
+                "memo",
+                "--",
+                "s",
+            ],
+            &[(ENV_CAPTURE_TEXT, "reason")],
+        )
+        .expect("ok");
+        assert_eq!(c.capture_text, vec!["memo".to_string()]);
+        assert!(c.capture.is_empty());
+    }
+
+    #[test]
+    fn an_actor_holding_pii_warns_and_the_default_is_used() {
+        let (c, w) = resolve(
+            &[
+                "w",
+                "--token",
+                "obs1.k1.s",
+                "--actor",
+                "jane@example.com",
+                "--",
+                "s",
+            ],
+            &[],
+        )
+        .expect("ok");
+        assert_eq!(c.actor, "mcp:k1");
+        assert!(
+            w.iter()
+                .any(|w| matches!(w, ConfigWarning::BadActor { .. })),
+            "{w:?}"
+        );
+        assert!(
+            !format!("{w:?}").contains("jane"),
+            "the value is not echoed"
+        );
+    }
+
+    #[test]
     fn capture_from_env_list_and_bad_numbers_warn() {
         let (c, w) = resolve(
             &["w", "--", "s"],
