@@ -281,15 +281,16 @@ const MARKER_TRIGGERS: &[u8] = b"_- kK";
 /// that is why prose is captured only on request (`--capture-text`).
 pub fn contains_sensitive(text: &str) -> bool {
     let (mut digits, mut dots, mut colons, mut alpha) = (0usize, 0usize, 0usize, 0usize);
-    let (mut at, mut trigger) = (false, false);
+    let mut seen = 0u8;
     for &b in text.as_bytes() {
-        digits += usize::from(b.is_ascii_digit());
-        dots += usize::from(b == b'.');
-        colons += usize::from(b == b':');
-        alpha += usize::from(b.is_ascii_alphabetic());
-        at |= b == b'@';
-        trigger |= MARKER_TRIGGERS.contains(&b);
+        let c = BYTE_CLASS[usize::from(b)];
+        digits += usize::from(c & DIGIT);
+        dots += usize::from((c & DOT) >> 1);
+        colons += usize::from((c & COLON) >> 2);
+        alpha += usize::from((c & ALPHA) >> 3);
+        seen |= c;
     }
+    let (at, trigger, word) = (seen & AT != 0, seen & MARKER != 0, seen & WORD != 0);
     (digits >= CARD_MIN_DIGITS && contains_card_number(text))
         || (at && contains_email(text))
         || (dots >= 2 && contains_jwt(text))
@@ -298,8 +299,65 @@ pub fn contains_sensitive(text: &str) -> bool {
         || (dots >= 3 && digits >= 4 && contains_ipv4(text))
         || (colons >= 2 && contains_ipv6(text))
         || (text.len() >= IBAN_MIN_LEN && digits >= 2 && alpha >= 2 && contains_iban(text))
-        || (digits >= 4 && alpha >= 3 && contains_contextual(text))
+        || (word && digits >= 4 && alpha >= 3 && contains_contextual(text))
 }
+
+/// Classes of a byte for the pre-check pass of [`contains_sensitive`]: one table look-up per byte
+/// instead of a comparison per class.
+const DIGIT: u8 = 1;
+const DOT: u8 = 2;
+const COLON: u8 = 4;
+const ALPHA: u8 = 8;
+const AT: u8 = 16;
+const MARKER: u8 = 32;
+const WORD: u8 = 64;
+
+static BYTE_CLASS: [u8; 256] = byte_classes();
+
+const fn byte_classes() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        let mut c = 0;
+        if b.is_ascii_digit() {
+            c |= DIGIT;
+        }
+        if b == b'.' {
+            c |= DOT;
+        }
+        if b == b':' {
+            c |= COLON;
+        }
+        if b.is_ascii_alphabetic() {
+            c |= ALPHA;
+        }
+        if b == b'@' {
+            c |= AT;
+        }
+        let mut m = 0;
+        while m < MARKER_TRIGGERS.len() {
+            if MARKER_TRIGGERS[m] == b {
+                c |= MARKER;
+            }
+            m += 1;
+        }
+        let mut w = 0;
+        while w < CONTEXT_TRIGGERS.len() {
+            if CONTEXT_TRIGGERS[w] == b.to_ascii_lowercase() {
+                c |= WORD;
+            }
+            w += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+}
+
+/// Lower-case bytes at least one of which every [`BIRTH_WORDS`] and [`PASSPORT_WORDS`] entry
+/// contains (a test holds the lists to it): hex ids and hashes have none, and skip the search.
+const CONTEXT_TRIGGERS: &[u8] = b"gnorst";
 
 /// Fewest and most digits of a phone number (E.164 allows 15; national numbers without the
 /// trunk prefix have at least 9 in the countries we check).
@@ -1297,6 +1355,17 @@ mod tests {
             assert!(
                 m.bytes().any(|b| MARKER_TRIGGERS.contains(&b)),
                 "{m} has no trigger byte: contains_sensitive would skip it"
+            );
+        }
+    }
+
+    #[test]
+    fn every_context_word_holds_a_trigger_byte() {
+        for w in BIRTH_WORDS.iter().chain(PASSPORT_WORDS) {
+            assert!(
+                w.bytes()
+                    .any(|b| CONTEXT_TRIGGERS.contains(&b.to_ascii_lowercase())),
+                "{w} has no trigger byte: contains_sensitive would skip it"
             );
         }
     }
