@@ -35,7 +35,7 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "URL")]
     pub ingest: Option<String>,
 
-    /// Extra argument key whose scalar value may be captured (repeatable; the PII denylist still wins) [env: BOUNDED_CAPTURE_FIELDS=a,b]
+    /// Extra argument key whose scalar value may be captured (repeatable; a string only if it is a code, see --capture-text; the PII denylist still wins) [env: BOUNDED_CAPTURE_FIELDS=a,b]
     #[arg(long = "capture", value_name = "FIELD")]
     pub capture: Vec<String>,
 
