@@ -39,9 +39,13 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "PATH")]
     pub ingest_ca: Option<std::path::PathBuf>,
 
-    /// Extra argument key whose scalar value may be captured (repeatable; the PII denylist still wins) [env: BOUNDED_CAPTURE_FIELDS=a,b]
+    /// Extra argument key whose scalar value may be captured (repeatable; a string only if it is a code, see --capture-text; the PII denylist still wins) [env: BOUNDED_CAPTURE_FIELDS=a,b]
     #[arg(long = "capture", value_name = "FIELD")]
     pub capture: Vec<String>,
+
+    /// Argument key whose string value may be prose, not only a code (repeatable; the key is also captured; the PII denylist and the value scrubber still apply; names and street addresses are not detected) [env: BOUNDED_CAPTURE_TEXT=a,b]
+    #[arg(long = "capture-text", value_name = "KEY")]
+    pub capture_text: Vec<String>,
 
     /// Opaque end-customer id recorded as `onBehalfOf` [env: BOUNDED_ON_BEHALF_OF]
     #[arg(long, value_name = "ID")]

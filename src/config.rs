@@ -36,6 +36,7 @@ pub const ENV_SERVER_NAME: &str = "BOUNDED_MCP_SERVER_NAME";
 pub const ENV_INGEST: &str = "BOUNDED_INGEST_BASE";
 pub const ENV_INGEST_CA: &str = "BOUNDED_INGEST_CA";
 pub const ENV_CAPTURE: &str = "BOUNDED_CAPTURE_FIELDS";
+pub const ENV_CAPTURE_TEXT: &str = "BOUNDED_CAPTURE_TEXT";
 pub const ENV_ON_BEHALF_OF: &str = "BOUNDED_ON_BEHALF_OF";
 pub const ENV_HTTP: &str = "BOUNDED_MCP_HTTP";
 pub const ENV_UPSTREAM: &str = "BOUNDED_MCP_UPSTREAM";
@@ -58,6 +59,7 @@ pub const ALL_ENV: &[&str] = &[
     ENV_INGEST,
     ENV_INGEST_CA,
     ENV_CAPTURE,
+    ENV_CAPTURE_TEXT,
     ENV_ON_BEHALF_OF,
     ENV_HTTP,
     ENV_UPSTREAM,
@@ -131,6 +133,8 @@ pub struct Config {
     pub ingest_ca: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// Extra allow-listed argument keys (the PII denylist still overrides them).
     pub capture: Vec<String>,
+    /// Keys whose string values may be prose (`--capture-text`); also allow-listed.
+    pub capture_text: Vec<String>,
     pub on_behalf_of: Option<String>,
     pub flush: Duration,
     pub call_timeout: Duration,
@@ -396,25 +400,28 @@ impl Config {
             }
         }
 
-        let mut capture = Vec::new();
-        let env_capture = env.get(ENV_CAPTURE).cloned().unwrap_or_default();
-        let env_fields = env_capture
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty());
-        let raw_fields: Vec<String> = if args.capture.is_empty() {
-            env_fields.map(String::from).collect()
-        } else {
-            args.capture.clone()
-        };
-        for f in raw_fields {
-            let f = f.trim().to_string();
-            if f.is_empty() || f.len() > 128 || f.chars().any(|c| c.is_control() || c == ',') {
-                warnings.push(ConfigWarning::BadCapture { value: f });
-            } else if !capture.contains(&f) {
-                capture.push(f);
+        let mut key_list = |flags: &[String], env_name: &str| -> Vec<String> {
+            let env_list = env.get(env_name).cloned().unwrap_or_default();
+            let env_fields = env_list.split(',').map(str::trim).filter(|s| !s.is_empty());
+            // The flags, when given, replace the env list.
+            let raw_fields: Vec<String> = if flags.is_empty() {
+                env_fields.map(String::from).collect()
+            } else {
+                flags.to_vec()
+            };
+            let mut keys = Vec::new();
+            for f in raw_fields {
+                let f = f.trim().to_string();
+                if f.is_empty() || f.len() > 128 || f.chars().any(|c| c.is_control() || c == ',') {
+                    warnings.push(ConfigWarning::BadCapture { value: f });
+                } else if !keys.contains(&f) {
+                    keys.push(f);
+                }
             }
-        }
+            keys
+        };
+        let capture = key_list(&args.capture, ENV_CAPTURE);
+        let capture_text = key_list(&args.capture_text, ENV_CAPTURE_TEXT);
 
         let mut millis = |flag: Option<u64>, name: &'static str, default: Duration| -> Duration {
             if let Some(ms) = flag {
@@ -504,6 +511,7 @@ impl Config {
             ingest,
             ingest_ca,
             capture,
+            capture_text,
             on_behalf_of: pick(&args.on_behalf_of, ENV_ON_BEHALF_OF).map(|(v, _)| v),
             flush,
             call_timeout,
@@ -595,6 +603,64 @@ mod tests {
                 upstream: "http://127.0.0.1:9/mcp".into(),
                 port: 0
             }
+        );
+    }
+
+    #[test]
+    fn capture_text_flags_replace_the_env_list() {
+        let (c, w) = resolve(
+            &["w", "--token", "obs1.k.s", "--", "s"],
+            &[(ENV_CAPTURE_TEXT, "reason, note,,")],
+        )
+        .expect("ok");
+        assert_eq!(
+            c.capture_text,
+            vec!["reason".to_string(), "note".to_string()]
+        );
+        assert!(w.is_empty(), "{w:?}");
+        let (c, _) = resolve(
+            &[
+                "w",
+                "--token",
+                "obs1.k.s",
+                "--capture-text",
+                "memo",
+                "--capture-text",
+                "memo",
+                "--",
+                "s",
+            ],
+            &[(ENV_CAPTURE_TEXT, "reason")],
+        )
+        .expect("ok");
+        assert_eq!(c.capture_text, vec!["memo".to_string()]);
+        assert!(c.capture.is_empty());
+    }
+
+    #[test]
+    fn an_actor_holding_pii_warns_and_the_default_is_used() {
+        let (c, w) = resolve(
+            &[
+                "w",
+                "--token",
+                "obs1.k1.s",
+                "--actor",
+                "jane@example.com",
+                "--",
+                "s",
+            ],
+            &[],
+        )
+        .expect("ok");
+        assert_eq!(c.actor, "mcp:k1");
+        assert!(
+            w.iter()
+                .any(|w| matches!(w, ConfigWarning::BadActor { .. })),
+            "{w:?}"
+        );
+        assert!(
+            !format!("{w:?}").contains("jane"),
+            "the value is not echoed"
         );
     }
 

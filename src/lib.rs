@@ -111,6 +111,7 @@ pub(crate) fn observer_config(
         actor: cfg.actor.clone(),
         on_behalf_of: cfg.on_behalf_of.clone(),
         capture: cfg.capture.clone(),
+        capture_text: cfg.capture_text.clone(),
         call_timeout: cfg.call_timeout,
     }
 }
@@ -200,6 +201,8 @@ fn run_stdio(cfg: &config::Config) -> i32 {
                 orphan_responses = s.orphan_responses,
                 gaps = s.gaps,
                 unobserved = s.unobserved,
+                redacted_tools = s.redacted_tools,
+                prose_withheld = s.prose_withheld,
                 shared_cpu = pacer.shared_cpu(),
                 rests = pacer.rests(),
                 yields = pacer.yields(),

@@ -18,7 +18,17 @@ fn demo_lands_events_captures_amount_and_leaks_no_pii() {
         Some(0),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    assert!(stdout.contains("Evidence (4 events"), "{stdout}");
+    assert!(stdout.contains("Evidence (6 events"), "{stdout}");
+    // A code in `reason` is captured by default; prose is captured only in the session run with
+    // `--capture-text reason`, and there not when it holds a phone number.
+    assert!(stdout.contains(r#"reason="duplicate_charge""#), "{stdout}");
+    assert_eq!(
+        stdout.matches(r#"reason="damaged in transit""#).count(),
+        1,
+        "{stdout}"
+    );
+    assert!(stdout.contains("--capture-text reason"), "{stdout}");
+    assert!(!stdout.contains("call me on"), "{stdout}");
     assert!(stdout.contains("amount_cents=4900"), "{stdout}");
     assert!(
         stdout.contains(r#""amount_cents":6150"#),

@@ -1563,3 +1563,135 @@ fn a_four_megabyte_array_of_zeros_is_never_built_as_a_tree() {
     assert!(grew_mib < 32, "peak RSS grew by {grew_mib} MiB");
     served.stop();
 }
+
+/// Values L4 removes, as a sensor that skipped its own filter might post them: phones in US,
+/// UK, German, French and E.164 forms, an SSN, public IPv4 and IPv6 addresses, IBANs from
+/// outside Germany, a date of birth and a passport number next to their words, an e-mail
+/// address and a card number. The second item is what must never be stored.
+const L4_CANARIES: &[(&str, &str)] = &[
+    ("call +1 (415) 555-0142", "555-0142"),
+    ("ring 020 7946 0958", "7946 0958"),
+    ("tel 030 98765432", "98765432"),
+    ("appel 01 23 45 67 89", "45 67 89"),
+    ("+14155550142", "4155550142"),
+    ("SSN 078-05-1120", "078-05-1120"),
+    ("from 81.2.69.160", "81.2.69.160"),
+    ("from 2a00:1450:4001:82b::200e", "2a00:1450:4001:82b::200e"),
+    ("GB82WEST12345698765432", "GB82WEST12345698765432"),
+    ("FR14 2004 1010 0505 0001 3M02 606", "3M02 606"),
+    ("dob:1984-03-07", "1984-03-07"),
+    ("passport C01X00T47", "C01X00T47"),
+    ("jane.canary@example.com", "jane.canary"),
+    ("4111 1111 1111 1111", "4111 1111"),
+];
+
+/// Every metadata string the ingest stores (besides `rec.fields`), as a path into the event.
+const STORED_STRINGS: &[&[&str]] = &[
+    &["rec", "action"],
+    &["dest", "host"],
+    &["dest", "pathTemplate"],
+    &["actor", "id"],
+    &["onBehalfOf"],
+    &["session", "id"],
+    &["session", "client"],
+    &["session", "protocol"],
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pii_in_any_metadata_string_gets_the_event_rejected_and_counted() {
+    let ing = start().await;
+    let key = ing.admin.mint("acme", None).await.expect("mint");
+    let mut events = vec![refund(0, 4900)];
+    let mut n = 1;
+    for (value, _) in L4_CANARIES {
+        for path in STORED_STRINGS {
+            let mut e = refund(n, 1);
+            n += 1;
+            e["session"] = json!({ "id": "s1", "client": "c", "protocol": "2025-06-18" });
+            let mut slot = &mut e;
+            for k in *path {
+                slot = &mut slot[*k];
+            }
+            *slot = if *path == ["dest", "pathTemplate"] {
+                json!(format!("/{value}"))
+            } else {
+                json!(value)
+            };
+            events.push(e);
+        }
+    }
+    // err.code is a number: a card number is what its digits can hold.
+    let mut e = event(&event_id(n), "issue_refund", "error", json!({}));
+    e["err"] = json!({ "kind": "jsonrpc", "code": 4111111111111111i64 });
+    events.push(e);
+    let total = events.len() as u64;
+    let (status, body) = ing.post(&key.token, &batch(events)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({ "accepted": 1, "rejected": total - 1, "duplicates": 0 })
+    );
+    let text = serde_json::to_string(&ing.all_events().await).expect("json");
+    for (_, needle) in L4_CANARIES {
+        assert!(!text.contains(needle), "{needle} was stored: {text}");
+    }
+    assert!(!text.contains("4111111111111111"), "{text}");
+    ing.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pii_in_the_sensor_version_or_transport_rejects_the_batch_s_events() {
+    let ing = start().await;
+    let key = ing.admin.mint("acme", None).await.expect("mint");
+    for (i, (value, needle)) in L4_CANARIES.iter().enumerate() {
+        for field in ["version", "transport"] {
+            let mut b = batch(vec![refund(
+                2 * i as u64 + u64::from(field == "version"),
+                1,
+            )]);
+            b["sensor"][field] = json!(value);
+            let (status, body) = ing.post(&key.token, &b).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["rejected"], 1, "{value} in sensor.{field}: {body}");
+            let sensors =
+                serde_json::to_string(&ing.admin.sensors().await.expect("sensors")).expect("json");
+            assert!(!sensors.contains(needle), "{needle} recorded: {sensors}");
+        }
+    }
+    assert!(ing.all_events().await.is_empty());
+    ing.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pii_in_captured_fields_is_removed_and_codes_are_kept() {
+    let ing = start().await;
+    let key = ing.admin.mint("acme", None).await.expect("mint");
+    let mut fields = serde_json::Map::new();
+    for (i, (value, _)) in L4_CANARIES.iter().enumerate() {
+        fields.insert(format!("reason{i}"), json!(value));
+    }
+    fields.insert("amount_cents".into(), json!(4900));
+    fields.insert("currency".into(), json!("EUR"));
+    fields.insert("reason".into(), json!("requested_by_customer"));
+    fields.insert("order".into(), json!("ord_12345678"));
+    fields.insert("shipped".into(), json!("2026-11-29"));
+    let e = event(
+        &event_id(1),
+        "issue_refund",
+        "action",
+        Value::Object(fields),
+    );
+    let (status, body) = ing.post(&key.token, &batch(vec![e])).await;
+    assert_eq!((status, body["accepted"].clone()), (200, json!(1)));
+    let stored = ing.all_events().await;
+    let text = serde_json::to_string(&stored).expect("json");
+    for (_, needle) in L4_CANARIES {
+        assert!(!text.contains(needle), "{needle} was stored: {text}");
+    }
+    assert_eq!(
+        stored[0]["rec"]["fields"],
+        json!({ "amount_cents": 4900, "currency": "EUR", "reason": "requested_by_customer",
+                "order": "ord_12345678", "shipped": "2026-11-29" })
+    );
+    ing.stop().await;
+}

@@ -257,7 +257,7 @@ fn refund_is_one_action_event_with_amount_and_without_email() {
         1,
         "issue_refund",
         json!({"amount_cents": 4900, "currency": "EUR",
-               "customer_email": "jane.doe@example.com", "reason": "duplicate charge"}),
+               "customer_email": "jane.doe@example.com", "reason": "duplicate_charge"}),
     );
     assert_eq!(r["result"]["isError"], false);
     let (_, r) = s.call(
@@ -281,7 +281,7 @@ fn refund_is_one_action_event_with_amount_and_without_email() {
     assert_eq!(refund["rec"]["rail"], "mcp");
     assert_eq!(refund["rec"]["fields"]["amount_cents"], 4900);
     assert_eq!(refund["rec"]["fields"]["currency"], "EUR");
-    assert_eq!(refund["rec"]["fields"]["reason"], "duplicate charge");
+    assert_eq!(refund["rec"]["fields"]["reason"], "duplicate_charge");
     assert!(refund["rec"]["fields"].get("customer_email").is_none());
     assert_eq!(
         refund["rec"]["registryVersion"].as_str().map(str::len),

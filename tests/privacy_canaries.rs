@@ -35,8 +35,214 @@ struct Canary {
     needle: String,
     /// The JSON value planted (the needle as a string, inside a sentence, or as a number).
     value: Value,
-    /// E-mail, card, JWT or secret with a known prefix: removed under any key.
+    /// E-mail, card, JWT, secret with a known prefix, phone, SSN, IP address, IBAN, date of
+    /// birth or passport number: removed under any key.
     detectable: bool,
+}
+
+/// The codes-only rule, restated: a string that is not at most 64 bytes of letters, digits and
+/// `_ - . : /` is prose, withheld under an allowed key unless the key is in `--capture-text`
+/// ([`TEXT`]). Names and street addresses are caught only this way: L4 cannot see them.
+fn is_prose(v: &Value) -> bool {
+    v.as_str().is_some_and(|s| {
+        s.len() > 64
+            || s.chars()
+                .any(|c| !(c.is_alphanumeric() || "_-.:/".contains(c)))
+    })
+}
+
+/// Computes check digits for an IBAN from its country and BBAN (ISO 13616).
+fn iban(country: &str, bban: &str) -> String {
+    let mut r = 0u32;
+    for c in format!("{bban}{country}00").chars() {
+        r = match c.to_digit(36) {
+            Some(v) if v < 10 => (r * 10 + v) % 97,
+            Some(v) => (r * 100 + v) % 97,
+            None => r,
+        };
+    }
+    format!("{country}{:02}{bban}", 98 - r)
+}
+
+fn detectable(needle: String, value: Value) -> Canary {
+    Canary {
+        needle,
+        value,
+        detectable: true,
+    }
+}
+
+/// Phone numbers in US, UK, German, French and bare E.164 forms, alone or in a sentence.
+fn phone() -> impl Strategy<Value = Canary> {
+    (
+        0u8..12,
+        "[2-9][0-9]{2}",
+        "[0-9]{4}",
+        "[0-9]{6}",
+        "[1-9][0-9]{9,12}",
+        any::<bool>(),
+    )
+        .prop_map(|(style, a, four, six, e164, wrap)| {
+            let needle = match style {
+                0 => format!("+1 ({a}) 555-{four}"),
+                1 => format!("({a}) 555-{four}"),
+                2 => format!("{a}.555.{four}"),
+                3 => format!("{a}-555-{four}"),
+                4 => format!("+44 20 7946 {}", &six[..4]),
+                5 => format!("020 7946 {}", &six[..4]),
+                6 => format!("07700 {six}"),
+                7 => format!("+49 30 {six}{}", &four[..2]),
+                8 => format!("030 {six}{}", &four[..2]),
+                9 => format!(
+                    "+33 1 {} {} {} {}",
+                    &six[..2],
+                    &six[2..4],
+                    &six[4..],
+                    &four[..2]
+                ),
+                10 => format!(
+                    "01.{}.{}.{}.{}",
+                    &six[..2],
+                    &six[2..4],
+                    &six[4..],
+                    &four[..2]
+                ),
+                _ => format!("+{e164}"),
+            };
+            let value = if wrap {
+                json!(format!("call Jane at {needle} today"))
+            } else {
+                json!(needle)
+            };
+            detectable(needle, value)
+        })
+}
+
+fn ssn() -> impl Strategy<Value = Canary> {
+    (
+        1u32..666,
+        1u32..100,
+        1u32..10000,
+        prop::sample::select(vec!["-", " "]),
+        any::<bool>(),
+    )
+        .prop_map(|(area, group, serial, sep, wrap)| {
+            let needle = format!("{area:03}{sep}{group:02}{sep}{serial:04}");
+            let value = if wrap {
+                json!(format!("SSN {needle}"))
+            } else {
+                json!(needle)
+            };
+            detectable(needle, value)
+        })
+}
+
+fn ip() -> impl Strategy<Value = Canary> {
+    (
+        prop::sample::select(vec![8u8, 23, 45, 81, 93, 151, 185, 203]),
+        any::<[u8; 3]>(),
+        any::<[u16; 3]>(),
+        0u8..3,
+    )
+        .prop_map(|(first, rest, six, style)| {
+            let needle = match style {
+                0 => format!("{first}.{}.{}.{}", rest[0], rest[1], rest[2]),
+                1 => format!("2a00:1450:{:x}:{:x}::{:x}", six[0], six[1], six[2]),
+                _ => format!("2001:db8:{:x}:{:x}:{:x}:0:0:1", six[0], six[1], six[2]),
+            };
+            let value = json!(format!("from {needle}"));
+            detectable(needle, value)
+        })
+}
+
+/// IBANs from several countries other than Germany, compact or in groups of four.
+fn iban_canary() -> impl Strategy<Value = Canary> {
+    (0u8..6, "[0-9]{22}", "[A-Z]{4}", any::<bool>()).prop_map(|(c, digits, bank, grouped)| {
+        let compact = match c {
+            0 => iban("GB", &format!("{bank}{}", &digits[..14])),
+            1 => iban("FR", &format!("{}M{}", &digits[..12], &digits[12..22])),
+            2 => iban("NL", &format!("{bank}{}", &digits[..10])),
+            3 => iban("BE", &digits[..12]),
+            4 => iban("ES", &digits[..20]),
+            _ => iban("CH", &digits[..17]),
+        };
+        let needle = if grouped {
+            compact
+                .as_bytes()
+                .chunks(4)
+                .map(|g| std::str::from_utf8(g).unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join(" ")
+        } else {
+            compact
+        };
+        detectable(needle.clone(), json!(needle))
+    })
+}
+
+/// A numeric date next to a birth word, as a code (`dob:1984-03-07`) or in a sentence.
+fn birth_date() -> impl Strategy<Value = Canary> {
+    (1930u32..2010, 1u32..13, 1u32..29, 0u8..4, 0u8..3).prop_map(|(y, m, d, form, word)| {
+        let needle = match form {
+            0 => format!("{y}-{m:02}-{d:02}"),
+            1 => format!("{d:02}/{m:02}/{y}"),
+            2 => format!("{d:02}.{m:02}.{y}"),
+            _ => format!("{m:02}/{d:02}/{y}"),
+        };
+        let value = match word {
+            0 => format!("dob:{needle}"),
+            1 => format!("born {needle}"),
+            _ => format!("date of birth {needle}"),
+        };
+        detectable(needle, json!(value))
+    })
+}
+
+/// A passport-like code next to a passport word.
+fn passport() -> impl Strategy<Value = Canary> {
+    (
+        "[0-9]{9}",
+        "[A-Z]",
+        "[0-9]{2}[A-Z]{2}[0-9]{5}",
+        0u8..3,
+        any::<bool>(),
+    )
+        .prop_map(|(nine, letter, fr, form, spaced)| {
+            let needle = match form {
+                0 => nine,
+                1 => format!("{letter}{}", &nine[..8]),
+                _ => fr,
+            };
+            let value = if spaced {
+                format!("passport no. {needle}")
+            } else {
+                format!("passport:{needle}")
+            };
+            detectable(needle, json!(value))
+        })
+}
+
+/// Street addresses and person names: no pattern L4 could use, so only the codes-only rule
+/// keeps them in (they are prose).
+fn name_or_address() -> impl Strategy<Value = Canary> {
+    ("[A-Z][a-z]{3,8}", "[A-Z][a-z]{4,9}", 1u32..300, 0u8..4).prop_map(|(first, last, n, form)| {
+        let needle = match form {
+            0 => format!("{first} {last}"),
+            1 => format!("{n} {last} Street"),
+            2 => format!("{last}str. {n}, 10115 Berlin"),
+            _ => format!("{n} rue {last}"),
+        };
+        let value = if form == 0 {
+            json!(format!("call {needle} back"))
+        } else {
+            json!(format!("ship to {needle}"))
+        };
+        Canary {
+            needle,
+            value,
+            detectable: false,
+        }
+    })
 }
 
 fn luhn_complete(prefix: &str) -> String {
@@ -130,7 +336,20 @@ fn canary() -> impl Strategy<Value = Canary> {
             detectable: false,
         }
     });
-    prop_oneof![email, card, jwt, marked, bare]
+    prop_oneof![
+        email,
+        card,
+        jwt,
+        marked,
+        bare,
+        phone(),
+        ssn(),
+        ip(),
+        iban_canary(),
+        birth_date(),
+        passport(),
+        name_or_address(),
+    ]
 }
 
 /// Keys of every kind: allow-listed, extended by `--capture`, innocent but not allowed, and
@@ -156,6 +375,9 @@ const PII: &[&str] = &[
     "first_name",
 ];
 const CAPTURE: &[&str] = &["sku", "customer_email", "api_key"];
+/// `--capture-text` keys: prose may leave under these (and only these) allowed keys; the other
+/// allowed keys are captured as codes only.
+const TEXT: &[&str] = &["reason", "sku"];
 
 #[derive(Debug, Clone)]
 struct Placement {
@@ -180,7 +402,10 @@ fn placement() -> impl Strategy<Value = Placement> {
 }
 
 fn may_leak(p: &Placement) -> bool {
-    !p.nested && !p.canary.detectable && ALLOWED.contains(&p.key.as_str())
+    !p.nested
+        && !p.canary.detectable
+        && ALLOWED.contains(&p.key.as_str())
+        && (!is_prose(&p.canary.value) || TEXT.contains(&p.key.as_str()))
 }
 
 fn observer() -> Observer<Vec<Event>> {
@@ -191,6 +416,7 @@ fn observer() -> Observer<Vec<Event>> {
             actor: "mcp:k".into(),
             on_behalf_of: None,
             capture: CAPTURE.iter().map(|s| s.to_string()).collect(),
+            capture_text: TEXT.iter().map(|s| s.to_string()).collect(),
             call_timeout: Duration::from_secs(60),
         },
         Vec::new(),
@@ -365,6 +591,143 @@ proptest! {
         if extra.detectable {
             prop_assert!(!out.contains(&extra.needle), "{out}");
         }
+    }
+}
+
+/// Every string of an event the ingest stores, besides `rec.fields`, as a path into the event.
+const METADATA: &[&[&str]] = &[
+    &["rec", "action"],
+    &["dest", "host"],
+    &["dest", "pathTemplate"],
+    &["actor", "id"],
+    &["onBehalfOf"],
+    &["session", "id"],
+    &["session", "client"],
+    &["session", "protocol"],
+];
+
+/// A well-formed event, with `value` planted at `path`.
+fn event_with(path: &[&str], value: &str) -> Value {
+    let mut e = json!({
+        "v": 2, "id": "0123456789abcdef", "ts": "2026-11-29T19:00:00.000Z", "class": "action",
+        "rec": {"rail": "mcp", "action": "t", "registryVersion": null},
+        "dest": {"host": "mcp://s", "pathTemplate": "/t", "method": "POST"},
+        "actor": {"id": "mcp:k", "kind": "agent", "grade": "attested"},
+        "status": 200, "dur_ms": 1.0, "bytes": {"req": 1, "resp": 1},
+        "session": {"id": "s", "client": "c", "protocol": "2025-06-18"},
+    });
+    let mut slot = &mut e;
+    for k in path {
+        slot = &mut slot[*k];
+    }
+    *slot = if path == ["dest", "pathTemplate"] {
+        json!(format!("/{value}"))
+    } else {
+        json!(value)
+    };
+    e
+}
+
+fn observer_without_text() -> Observer<Vec<Event>> {
+    Observer::new(
+        ObserverConfig {
+            transport: Transport::Stdio,
+            server_name: None,
+            actor: "mcp:k".into(),
+            on_behalf_of: None,
+            capture: CAPTURE.iter().map(|s| s.to_string()).collect(),
+            capture_text: vec![],
+            call_timeout: Duration::from_secs(60),
+        },
+        Vec::new(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The ingest's re-filter runs L4 on every stored string: a detectable canary in any of
+    /// them gets the whole event rejected, by the value filter and the sensor's typed one.
+    #[test]
+    fn canaries_in_any_metadata_string_reject_the_event(c in canary(), i in 0..METADATA.len()) {
+        prop_assume!(c.detectable);
+        let text = match &c.value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let event = event_with(METADATA[i], &text);
+        prop_assert!(validate_and_filter_event(&event).is_err(), "{event}");
+        let typed: Event = serde_json::from_value(event).expect("an event");
+        prop_assert!(filter_event(typed).is_err());
+    }
+
+    /// Without `--capture-text`, no captured string holds whitespace, whatever the client sends
+    /// under allowed keys.
+    #[test]
+    fn no_string_captured_without_capture_text_holds_whitespace(
+        values in prop::collection::vec("(\\PC|[ \t\u{a0}\u{3000}]|[a-z0-9_.:/-]{1,6}){0,12}", 1..6),
+    ) {
+        let mut obs = observer_without_text();
+        let t0 = Instant::now();
+        let args: Map<String, Value> = ALLOWED
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        let req = json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
+            "params":{"name":"issue_refund","arguments":args}}).to_string();
+        observe_line(&mut obs, Direction::ClientToServer, t0, &req);
+        observe_line(&mut obs, Direction::ServerToClient, t0,
+            &json!({"jsonrpc":"2.0","id":1,"result":{}}).to_string());
+        let (_, events) = obs.finish(t0 + Duration::from_millis(5), EndCause::SessionEnd);
+        for e in events {
+            for v in e.rec.fields.iter().flat_map(|f| f.values()) {
+                if let Value::String(s) = v {
+                    prop_assert!(!s.chars().any(char::is_whitespace), "{s:?} was captured");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn codes_amounts_and_plain_dates_in_metadata_strings_are_kept() {
+    for path in METADATA {
+        for ok in [
+            "ord_12345678",
+            "2026-11-29",
+            "EUR",
+            "requested_by_customer",
+            "1764528000",
+        ] {
+            let event = event_with(path, ok);
+            assert!(
+                validate_and_filter_event(&event).is_ok(),
+                "{ok} in {path:?} was rejected"
+            );
+        }
+    }
+}
+
+#[test]
+fn codes_and_amounts_under_allowed_keys_are_captured() {
+    let mut args = Map::new();
+    args.insert("reason".into(), json!("requested_by_customer"));
+    args.insert("currency".into(), json!("EUR"));
+    args.insert("status".into(), json!("2026-11-29"));
+    args.insert("sku".into(), json!("ord_12345678"));
+    args.insert("amount".into(), json!(1234567.89));
+    args.insert("amountCents".into(), json!(123456789012u64));
+    let out = sensor_output(&args, None, None);
+    for want in [
+        r#""reason":"requested_by_customer""#,
+        r#""currency":"EUR""#,
+        r#""status":"2026-11-29""#,
+        r#""sku":"ord_12345678""#,
+        r#""amount":1234567.89"#,
+        r#""amountCents":123456789012"#,
+    ] {
+        assert!(out.contains(want), "{want} missing: {out}");
     }
 }
 

@@ -1,5 +1,5 @@
 //! Batches stay under the byte cap through the real binary: an MCP client (this test) makes
-//! calls whose arguments carry as much as `--capture` can let through (32 allow-listed keys,
+//! calls whose arguments carry as much as `--capture-text` can let through (32 allow-listed keys,
 //! 128-byte values that pass every privacy layer), and a real loopback ingest checks the size
 //! of every body and that no event was lost.
 
@@ -51,8 +51,10 @@ fn run_wide_session(ingest_base: &str) {
         "--flush-ms",
         "600000",
     ]);
+    // `--capture-text`: a 128-byte value is longer than a code may be, so only a key opted
+    // into prose lets it through.
     for i in 0..FIELDS {
-        cmd.args(["--capture", &key(i)]);
+        cmd.args(["--capture-text", &key(i)]);
     }
     cmd.arg("--")
         .arg(fixture())

@@ -28,8 +28,13 @@ const DEMO_ORG: &str = "demo";
 /// How long the demo waits for its events to land before giving up.
 const LAND_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The scripted agent's calls: (tool, arguments). Values under PII-shaped keys, and the e-mail
-/// inside `reason`, are there to show they never leave.
+/// Actor of the first session (default capture) and of the second (`--capture-text reason`).
+const ACTOR_DEFAULT: &str = "agent:demo-refunds-bot";
+const ACTOR_TEXT: &str = "agent:demo-capture-text";
+
+/// The scripted agent's calls: (tool, arguments). Values under PII-shaped keys are there to show
+/// they never leave; the free-text `reason` to show prose is withheld by default, while a code
+/// (`duplicate_charge`) is captured.
 fn script() -> Vec<(&'static str, Value)> {
     vec![
         (
@@ -46,11 +51,28 @@ fn script() -> Vec<(&'static str, Value)> {
         (
             "issue_refund",
             json!({"amount_cents": 1250, "currency": "EUR",
-                   "reason": "duplicate charge, ask jane.doe@example.com"}),
+                   "reason": "duplicate_charge"}),
         ),
         (
             "void_payment",
             json!({"payment_id": "pay_9", "card_number": "4242 4242 4242 4242"}),
+        ),
+    ]
+}
+
+/// The second session, run with `--capture-text reason`: prose in `reason` is captured now, but
+/// the value scrubber still withholds one that holds a phone number.
+fn script_text() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "issue_refund",
+            json!({"amount_cents": 700, "currency": "EUR",
+                   "reason": "damaged in transit"}),
+        ),
+        (
+            "issue_refund",
+            json!({"amount_cents": 300, "currency": "EUR",
+                   "reason": "duplicate charge, call me on +44 20 7946 0958"}),
         ),
     ]
 }
@@ -127,30 +149,37 @@ async fn run_async() -> anyhow::Result<()> {
     ));
 
     let exe = std::env::current_exe()?;
-    let session = tokio::task::spawn_blocking({
-        let (exe, base, token) = (exe.clone(), base.clone(), minted.token.clone());
-        move || agent_session(&exe, &base, &token)
-    })
-    .await??;
-    step(format!(
-        "Agent session done: {} tool calls, wrapper exited with {}",
-        session.calls, session.exit_code
-    ));
+    let mut calls = 0;
+    for (actor, extra, script) in [
+        (ACTOR_DEFAULT, &[][..], script()),
+        (ACTOR_TEXT, &["--capture-text", "reason"][..], script_text()),
+    ] {
+        let session = tokio::task::spawn_blocking({
+            let (exe, base, token) = (exe.clone(), base.clone(), minted.token.clone());
+            move || agent_session(&exe, &base, &token, actor, extra, &script)
+        })
+        .await??;
+        step(format!(
+            "Agent session done: {} tool calls, wrapper exited with {}",
+            session.calls, session.exit_code
+        ));
+        calls += session.calls;
+    }
 
     step("Waiting for the events to land …");
     let deadline = Instant::now() + LAND_TIMEOUT;
     let events = loop {
         let events = admin.events(&[("org", DEMO_ORG), ("limit", "100")]).await?;
-        if events.len() >= session.calls || Instant::now() > deadline {
+        if events.len() >= calls || Instant::now() > deadline {
             break events;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     anyhow::ensure!(
-        events.len() == session.calls,
+        events.len() == calls,
         "{} of {} events landed",
         events.len(),
-        session.calls
+        calls
     );
 
     println!("\nEvidence ({} events, oldest first):", events.len());
@@ -183,7 +212,8 @@ async fn run_async() -> anyhow::Result<()> {
     println!("\nRollup (org {DEMO_ORG}):");
     for r in admin.rollups(Some(DEMO_ORG)).await? {
         println!(
-            "  {:<16} {:<6} count={:<3} sums={}",
+            "  {:<24} {:<16} {:<6} count={:<3} sums={}",
+            r["actor"].as_str().unwrap_or(""),
             r["action"].as_str().unwrap_or(""),
             r["class"].as_str().unwrap_or(""),
             r["count"],
@@ -192,10 +222,30 @@ async fn run_async() -> anyhow::Result<()> {
     }
 
     let stored = serde_json::to_string(&events)?;
-    println!("\nPrivacy (argument keys the agent sent, by name; values are never printed):");
-    for line in privacy_summary(&events) {
+    let of = |actor: &str| -> Vec<Value> {
+        events
+            .iter()
+            .filter(|e| e["actor"]["id"] == actor)
+            .cloned()
+            .collect()
+    };
+    println!("\nPrivacy, default capture (argument keys the agent sent, by name):");
+    for line in privacy_summary(&script(), &of(ACTOR_DEFAULT)) {
         println!("  {line}");
     }
+    println!(
+        "  reason: only codes (like duplicate_charge) are captured by default; the free-text \
+         reason was withheld, because prose can name a person or an address, which no pattern \
+         can recognise"
+    );
+    println!("\nPrivacy with --capture-text reason (the key opted into prose):");
+    for line in privacy_summary(&script_text(), &of(ACTOR_TEXT)) {
+        println!("  {line}");
+    }
+    println!(
+        "  reason: the free-text reason is captured now; the one holding a phone number was \
+         still withheld by the value scrubber"
+    );
     let leaked: Vec<&str> = CANARIES
         .iter()
         .copied()
@@ -215,9 +265,9 @@ async fn run_async() -> anyhow::Result<()> {
 /// One line per argument key the script sent: in how many of the calls that carried it its
 /// value reached the evidence (counted over all stored events, so no pairing of calls to events
 /// is assumed).
-fn privacy_summary(events: &[Value]) -> Vec<String> {
+fn privacy_summary(script: &[(&str, Value)], events: &[Value]) -> Vec<String> {
     let mut sent: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for (_, args) in script() {
+    for (_, args) in script {
         for key in args.as_object().map(|m| m.keys()).into_iter().flatten() {
             sent.entry(key.clone()).or_default().0 += 1;
         }
@@ -239,7 +289,8 @@ fn privacy_summary(events: &[Value]) -> Vec<String> {
             0 => format!("{key:<16} never left the process"),
             k if k == calls => format!("{key:<16} captured (allow-listed, passed the PII checks)"),
             k => format!(
-                "{key:<16} captured in {k} of {calls} calls (withheld where the value held PII)"
+                "{key:<16} captured in {k} of {calls} calls (withheld where the value was prose \
+                 or held PII)"
             ),
         })
         .collect()
@@ -252,9 +303,19 @@ struct SessionReport {
 
 /// The scripted agent: talks MCP over real pipes to this binary acting as the wrapper, which in
 /// turn runs this binary as the sample server.
-fn agent_session(exe: &Path, ingest: &str, token: &str) -> anyhow::Result<SessionReport> {
+fn agent_session(
+    exe: &Path,
+    ingest: &str,
+    token: &str,
+    actor: &str,
+    extra: &[&str],
+    script: &[(&str, Value)],
+) -> anyhow::Result<SessionReport> {
     step(format!(
-        "Starting: bounded-observe-mcp --ingest {ingest} --token obs1.… -- <sample payments server>"
+        "Starting: bounded-observe-mcp --ingest {ingest} --token obs1.… --actor {actor}{}{} -- \
+         <sample payments server>",
+        if extra.is_empty() { "" } else { " " },
+        extra.join(" ")
     ));
     let mut child = Command::new(exe)
         .arg("--ingest")
@@ -262,7 +323,8 @@ fn agent_session(exe: &Path, ingest: &str, token: &str) -> anyhow::Result<Sessio
         .arg("--flush-ms")
         .arg("200")
         .arg("--actor")
-        .arg("agent:demo-refunds-bot")
+        .arg(actor)
+        .args(extra)
         .arg("--")
         .arg(exe)
         .arg(DEMO_SERVER_ARG)
@@ -308,7 +370,7 @@ fn agent_session(exe: &Path, ingest: &str, token: &str) -> anyhow::Result<Sessio
         tools["result"]["tools"].as_array().map_or(0, Vec::len)
     ));
     let mut calls = 0;
-    for (name, args) in script() {
+    for (name, args) in script {
         let keys: Vec<String> = args
             .as_object()
             .map(|m| m.keys().cloned().collect())

@@ -4,7 +4,9 @@
 //! Goes in: any JSON value claiming to be an event. Comes out: a *new* value built only from the
 //! fields the envelope defines, each type-checked and bounded, with `rec.fields` re-run through
 //! L2 (PII key denylist) and L4 (value scrubber) — but not through the capture allow-set, which
-//! only the sensor knows (`--capture`). The output always validates against
+//! only the sensor knows (`--capture`, `--capture-text`). Every free-form metadata string
+//! (`rec.action`, `dest.host`, `dest.pathTemplate`, `actor.id`, `onBehalfOf`, `session.*`) and
+//! `err.code` go through L4 too: a hit rejects the whole event. The output always validates against
 //! `schema/event.v2.schema.json`; a test proves it over generated events. A v1 envelope keeps its
 //! `v` and loses `rec.fields`, with no other branching. It never copies an unknown field, never
 //! logs a value, and never panics on hostile input.
@@ -71,12 +73,52 @@ fn check_text(s: &str, field: &str, non_empty: bool) -> Result<(), FilterError> 
     Ok(())
 }
 
-/// The rule for `actor.id`: non-empty text of at most [`MAX_TEXT_LEN`] bytes, no control
-/// characters. Public because configuration checks `--actor` with it at start-up: an actor this
-/// rejects would make every event fail the filter.
-pub fn check_actor_id(id: &str) -> Result<(), FilterError> {
-    check_text(id, "actor.id", true)
+/// L4 on a metadata string: one that holds a value the scrubber removes (an e-mail address, a
+/// phone number, …) fails the whole event. Metadata is never trimmed field by field: the sensor
+/// replaces a tool name or host with [`REDACTED`] and omits any other such string while it builds
+/// the event, so at the ingest a hit means a sensor that does not, and the event is rejected and
+/// counted.
+fn check_clear(s: &str, field: &str) -> Result<(), FilterError> {
+    if privacy::contains_sensitive(s) {
+        return Err(invalid(field, "holds a value the L4 scrubber removes"));
+    }
+    Ok(())
 }
+
+/// [`check_text`] and [`check_clear`]: the rule for every free-form metadata string.
+fn check_metadata(s: &str, field: &str, non_empty: bool) -> Result<(), FilterError> {
+    check_text(s, field, non_empty)?;
+    check_clear(s, field)
+}
+
+/// [`text`] under [`check_clear`].
+fn metadata(v: &Value, field: &str, non_empty: bool) -> Result<String, FilterError> {
+    let s = text(v, field, non_empty)?;
+    check_clear(&s, field)?;
+    Ok(s)
+}
+
+/// An `err.code` whose decimal text holds a card number fails the event, as a metadata string
+/// would.
+fn check_code(c: i64) -> Result<(), FilterError> {
+    if privacy::number_is_sensitive(&serde_json::Number::from(c)) {
+        return Err(invalid("err.code", "holds a value the L4 scrubber removes"));
+    }
+    Ok(())
+}
+
+/// The rule for `actor.id`: non-empty text of at most [`MAX_TEXT_LEN`] bytes, no control
+/// characters, nothing L4 removes. Public because configuration checks `--actor` with it at
+/// start-up: an actor this rejects would make every event fail the filter.
+pub fn check_actor_id(id: &str) -> Result<(), FilterError> {
+    check_metadata(id, "actor.id", true)
+}
+
+/// What a sensor puts in a tool name (`rec.action`, and so `dest.pathTemplate`) or `dest.host`
+/// that holds a value L4 removes: the tool is still counted, under a name no MCP tool can have
+/// (tool names are letters, digits, `_`, `-` and `.`), so the placeholder cannot be mistaken
+/// for a real tool.
+pub const REDACTED: &str = "<redacted>";
 
 /// A string of 1..=max characters all satisfying `ok`.
 fn token(
@@ -266,7 +308,11 @@ pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
     rec_out.insert("rail".into(), Value::String(rail));
     rec_out.insert(
         "action".into(),
-        Value::String(text(get(rec, "action", "rec.action")?, "rec.action", true)?),
+        Value::String(metadata(
+            get(rec, "action", "rec.action")?,
+            "rec.action",
+            true,
+        )?),
     );
     let registry = match rec.get("registryVersion") {
         None | Some(Value::Null) => Value::Null,
@@ -284,7 +330,7 @@ pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
     out.insert("rec".into(), Value::Object(rec_out));
 
     let dest = obj(get(e, "dest", "dest")?, "dest")?;
-    let path = text(
+    let path = metadata(
         get(dest, "pathTemplate", "dest.pathTemplate")?,
         "dest.pathTemplate",
         true,
@@ -302,7 +348,11 @@ pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
     let mut dest_out = Map::new();
     dest_out.insert(
         "host".into(),
-        Value::String(text(get(dest, "host", "dest.host")?, "dest.host", true)?),
+        Value::String(metadata(
+            get(dest, "host", "dest.host")?,
+            "dest.host",
+            true,
+        )?),
     );
     dest_out.insert("pathTemplate".into(), Value::String(path));
     dest_out.insert("method".into(), Value::String(method));
@@ -338,14 +388,12 @@ pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
     );
     out.insert("actor".into(), Value::Object(actor_out));
 
-    // onBehalfOf names a customer by an opaque id; one that is an e-mail or card is dropped.
+    // onBehalfOf names a customer by an opaque id; one that L4 removes fails the event.
     match e.get("onBehalfOf") {
         None | Some(Value::Null) => {}
         Some(o) => {
-            let o = text(o, "onBehalfOf", true)?;
-            if !privacy::contains_sensitive(&o) {
-                out.insert("onBehalfOf".into(), Value::String(o));
-            }
+            let o = metadata(o, "onBehalfOf", true)?;
+            out.insert("onBehalfOf".into(), Value::String(o));
         }
     }
 
@@ -381,16 +429,14 @@ pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
             let mut s_out = Map::new();
             s_out.insert(
                 "id".into(),
-                Value::String(text(get(s, "id", "session.id")?, "session.id", true)?),
+                Value::String(metadata(get(s, "id", "session.id")?, "session.id", true)?),
             );
             for key in ["protocol", "client"] {
                 match s.get(key) {
                     None | Some(Value::Null) => {}
                     Some(x) => {
-                        let x = text(x, key, false)?;
-                        if !privacy::contains_sensitive(&x) {
-                            s_out.insert(key.into(), Value::String(x));
-                        }
+                        let x = metadata(x, key, false)?;
+                        s_out.insert(key.into(), Value::String(x));
                     }
                 }
             }
@@ -419,6 +465,7 @@ pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
                     let c = c
                         .as_i64()
                         .ok_or_else(|| invalid("err.code", "not an integer"))?;
+                    check_code(c)?;
                     err_out.insert("code".into(), Value::from(c));
                 }
             }
@@ -448,7 +495,7 @@ pub fn filter_event(mut event: super::Event) -> Result<super::Event, FilterError
 
     let rec = &mut event.rec;
     check_token(&rec.rail, "rec.rail", 32, 1, rail_char)?;
-    check_text(&rec.action, "rec.action", true)?;
+    check_metadata(&rec.action, "rec.action", true)?;
     if let Some(r) = &rec.registry_version {
         check_token(r, "rec.registryVersion", 64, 1, hex_char)?;
     }
@@ -460,12 +507,12 @@ pub fn filter_event(mut event: super::Event) -> Result<super::Event, FilterError
     };
 
     let dest = &event.dest;
-    check_text(&dest.path_template, "dest.pathTemplate", true)?;
+    check_metadata(&dest.path_template, "dest.pathTemplate", true)?;
     if !dest.path_template.starts_with('/') {
         return Err(invalid("dest.pathTemplate", "must start with /"));
     }
     check_token(&dest.method, "dest.method", 16, 1, method_char)?;
-    check_text(&dest.host, "dest.host", true)?;
+    check_metadata(&dest.host, "dest.host", true)?;
 
     let actor = &event.actor;
     check_actor_id(&actor.id)?;
@@ -473,10 +520,7 @@ pub fn filter_event(mut event: super::Event) -> Result<super::Event, FilterError
     check_token(&actor.grade, "actor.grade", 32, 1, word_char)?;
 
     if let Some(o) = &event.on_behalf_of {
-        check_text(o, "onBehalfOf", true)?;
-        if privacy::contains_sensitive(o) {
-            event.on_behalf_of = None;
-        }
+        check_metadata(o, "onBehalfOf", true)?;
     }
 
     if !(100..=599).contains(&event.status) {
@@ -489,18 +533,18 @@ pub fn filter_event(mut event: super::Event) -> Result<super::Event, FilterError
         return Err(invalid("dur_ms", "not a non-negative number"));
     }
 
-    if let Some(s) = &mut event.session {
-        check_text(&s.id, "session.id", true)?;
-        for (key, x) in [("protocol", &mut s.protocol), ("client", &mut s.client)] {
+    if let Some(s) = &event.session {
+        check_metadata(&s.id, "session.id", true)?;
+        for (key, x) in [("protocol", &s.protocol), ("client", &s.client)] {
             if let Some(text) = x {
-                check_text(text, key, false)?;
-                if privacy::contains_sensitive(text) {
-                    *x = None;
-                }
+                check_metadata(text, key, false)?;
             }
         }
     }
-    // `err` is typed through and through: a kind from the closed set, an integer code.
+    // `err` is typed: a kind from the closed set, and an integer code L4 still reads.
+    if let Some(c) = event.err.as_ref().and_then(|e| e.code) {
+        check_code(c)?;
+    }
     Ok(event)
 }
 
@@ -622,14 +666,80 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn sensitive_on_behalf_of_is_dropped() {
+    fn sensitive_on_behalf_of_rejects_the_event() {
         let mut e = sample();
         e["onBehalfOf"] = json!("jane@example.com");
-        let out = validate_and_filter_event(&e).expect("ok");
-        assert!(out.get("onBehalfOf").is_none());
+        let err = validate_and_filter_event(&e).expect_err("an e-mail in onBehalfOf");
+        assert!(err.to_string().contains("onBehalfOf"), "{err}");
         e["onBehalfOf"] = json!("cust_42");
         let out = validate_and_filter_event(&e).expect("ok");
         assert_eq!(out["onBehalfOf"], json!("cust_42"));
+    }
+
+    /// Every free-form metadata string, and `err.code`, with a value L4 removes: the event is
+    /// rejected, by the value filter (the ingest) and the typed one (the sensor) alike, naming
+    /// the field and never the value.
+    #[test]
+    fn a_sensitive_value_in_any_metadata_string_rejects_the_event() {
+        let hits = [
+            "jane@example.com",
+            "+1 (415) 555-0100",
+            "078-05-1120",
+            "81.2.69.160",
+            "GB82WEST12345698765432",
+            "4111 1111 1111 1111",
+        ];
+        let paths: [&[&str]; 8] = [
+            &["rec", "action"],
+            &["dest", "host"],
+            &["dest", "pathTemplate"],
+            &["actor", "id"],
+            &["onBehalfOf"],
+            &["session", "id"],
+            &["session", "client"],
+            &["session", "protocol"],
+        ];
+        for hit in hits {
+            for path in paths {
+                let mut e = sample();
+                let mut slot = &mut e;
+                for k in path {
+                    slot = &mut slot[*k];
+                }
+                *slot = if path == ["dest", "pathTemplate"] {
+                    json!(format!("/{hit}"))
+                } else {
+                    json!(format!("x {hit}"))
+                };
+                let err = validate_and_filter_event(&e).expect_err(hit);
+                assert!(err.to_string().contains(path[path.len() - 1]), "{err}");
+                assert!(!err.to_string().contains(hit), "{err}");
+                let typed: crate::event::Event = serde_json::from_value(e).expect("event");
+                assert!(filter_event(typed).is_err(), "{hit} in {path:?}");
+            }
+        }
+        let mut e = sample();
+        e["class"] = json!("error");
+        e["err"] = json!({"kind": "jsonrpc", "code": 4111111111111111i64});
+        assert!(validate_and_filter_event(&e).is_err());
+        e["err"]["code"] = json!(-32601);
+        assert!(validate_and_filter_event(&e).is_ok());
+    }
+
+    #[test]
+    fn codes_and_dates_in_metadata_strings_pass() {
+        let mut e = sample();
+        e["rec"]["action"] = json!("create_order_12345678");
+        e["dest"]["pathTemplate"] = json!("/create_order_12345678");
+        e["dest"]["host"] = json!("127.0.0.1:8080");
+        e["session"]["protocol"] = json!("2025-06-18");
+        e["session"]["client"] = json!("claude-code 1.0.51");
+        e["onBehalfOf"] = json!("ord_12345678");
+        assert!(validate_and_filter_event(&e).is_ok());
+        e["dest"]["host"] = json!("[::1]:8080");
+        assert!(validate_and_filter_event(&e).is_ok());
+        e["dest"]["host"] = json!("[2001:db8::7]:8080");
+        assert!(validate_and_filter_event(&e).is_err());
     }
 
     /// The compiled event schema, the same file the ingest documents.
@@ -680,11 +790,12 @@ pub(crate) mod tests {
 
         fn any_text() -> impl Strategy<Value = String> {
             prop_oneof![
-                "[a-z_]{1,12}",
-                ".{0,40}",
-                "\\PC{0,300}",
-                Just("jane@example.com".to_string()),
-                Just("4111 1111 1111 1111".to_string()),
+                4 => "[a-z_]{1,12}",
+                4 => ".{0,40}",
+                4 => "\\PC{0,300}",
+                1 => Just("jane@example.com".to_string()),
+                1 => Just("4111 1111 1111 1111".to_string()),
+                1 => Just("+44 20 7946 0958".to_string()),
             ]
         }
 
@@ -719,12 +830,12 @@ pub(crate) mod tests {
                         1 => any_text().prop_map(Value::from)
                     ],
                     prop_oneof![4 => Just(json!("action")), 4 => Just(json!("error")), 1 => any_scalarish()],
-                    any_text(),
+                    prop_oneof![3 => "[a-z_]{1,12}", 1 => any_text()],
                     prop_oneof![4 => Just(Value::Null), 4 => "[0-9a-f]{16}".prop_map(Value::from), 1 => any_scalarish()],
                     fields,
                 ),
                 (
-                    any_text(),
+                    prop_oneof![3 => "[a-z_]{1,12}", 1 => any_text()],
                     prop_oneof![8 => "/[a-z_]{1,20}", 1 => any_text()],
                     prop_oneof![4 => Just(json!(200)), 4 => Just(json!(499)), 1 => any_scalarish()],
                     prop_oneof![8 => (0.0f64..1e6).prop_map(Value::from), 1 => any_scalarish()],

@@ -268,24 +268,616 @@ pub fn is_pii_key(key: &str) -> bool {
 const MARKER_TRIGGERS: &[u8] = b"_- kK";
 
 /// L4: does the text contain, anywhere, a Luhn-valid card number (digits optionally separated by
-/// single spaces or dashes), an e-mail address, a JWT or a well-known secret?
+/// single spaces or dashes), an e-mail address, a JWT, a well-known secret, a phone number, a US
+/// SSN, a public IPv4 or IPv6 address, an IBAN (mod-97), a date of birth next to a birth word or
+/// a passport number next to a passport word? (Each detector's rule is on its function.)
 ///
-/// One pass first counts what each detector needs at the least — 13 digits for a card, an `@`
-/// for an e-mail address, two dots for a JWT, a `MARKER_TRIGGERS` byte for a secret — and only
-/// the detectors that could match run: most captured values and keys (`EUR`, `4900`,
-/// `currency`) need none of them.
+/// One pass first counts what each detector needs at the least — 13 digits for a card, 9 for a
+/// phone or SSN, an `@` for an e-mail address, two dots for a JWT, three dots for an IPv4 and
+/// two colons for an IPv6 address, 15 bytes with letters and digits for an IBAN, 4 digits and 3
+/// letters for a birth or passport word, a `MARKER_TRIGGERS` byte for a secret — and only the
+/// detectors that could match run: most captured values and keys (`EUR`, `4900`, `currency`)
+/// need none of them. Names and free-form street addresses have no pattern and are not detected:
+/// that is why prose is captured only on request (`--capture-text`).
 pub fn contains_sensitive(text: &str) -> bool {
-    let (mut digits, mut dots, mut at, mut trigger) = (0usize, 0usize, false, false);
+    let (mut digits, mut dots, mut colons, mut alpha) = (0usize, 0usize, 0usize, 0usize);
+    let mut seen = 0u8;
     for &b in text.as_bytes() {
-        digits += usize::from(b.is_ascii_digit());
-        dots += usize::from(b == b'.');
-        at |= b == b'@';
-        trigger |= MARKER_TRIGGERS.contains(&b);
+        let c = BYTE_CLASS[usize::from(b)];
+        digits += usize::from(c & DIGIT);
+        dots += usize::from((c & DOT) >> 1);
+        colons += usize::from((c & COLON) >> 2);
+        alpha += usize::from((c & ALPHA) >> 3);
+        seen |= c;
     }
+    let (at, trigger, word) = (seen & AT != 0, seen & MARKER != 0, seen & WORD != 0);
     (digits >= CARD_MIN_DIGITS && contains_card_number(text))
         || (at && contains_email(text))
         || (dots >= 2 && contains_jwt(text))
         || (trigger && contains_secret_marker(text))
+        || (digits >= PHONE_MIN_DIGITS && contains_phone_or_ssn(text))
+        || (dots >= 3 && digits >= 4 && contains_ipv4(text))
+        || (colons >= 2 && contains_ipv6(text))
+        || (text.len() >= IBAN_MIN_LEN && digits >= 2 && alpha >= 2 && contains_iban(text))
+        || (word && digits >= 4 && alpha >= 3 && contains_contextual(text))
+}
+
+/// Classes of a byte for the pre-check pass of [`contains_sensitive`]: one table look-up per byte
+/// instead of a comparison per class.
+const DIGIT: u8 = 1;
+const DOT: u8 = 2;
+const COLON: u8 = 4;
+const ALPHA: u8 = 8;
+const AT: u8 = 16;
+const MARKER: u8 = 32;
+const WORD: u8 = 64;
+
+static BYTE_CLASS: [u8; 256] = byte_classes();
+
+const fn byte_classes() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        let mut c = 0;
+        if b.is_ascii_digit() {
+            c |= DIGIT;
+        }
+        if b == b'.' {
+            c |= DOT;
+        }
+        if b == b':' {
+            c |= COLON;
+        }
+        if b.is_ascii_alphabetic() {
+            c |= ALPHA;
+        }
+        if b == b'@' {
+            c |= AT;
+        }
+        let mut m = 0;
+        while m < MARKER_TRIGGERS.len() {
+            if MARKER_TRIGGERS[m] == b {
+                c |= MARKER;
+            }
+            m += 1;
+        }
+        let mut w = 0;
+        while w < CONTEXT_TRIGGERS.len() {
+            if CONTEXT_TRIGGERS[w] == b.to_ascii_lowercase() {
+                c |= WORD;
+            }
+            w += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+}
+
+/// Lower-case bytes at least one of which every [`BIRTH_WORDS`] and [`PASSPORT_WORDS`] entry
+/// contains (a test holds the lists to it): hex ids and hashes have none, and skip the search.
+const CONTEXT_TRIGGERS: &[u8] = b"gnorst";
+
+/// Fewest and most digits of a phone number (E.164 allows 15; national numbers without the
+/// trunk prefix have at least 9 in the countries we check).
+const PHONE_MIN_DIGITS: usize = 9;
+const PHONE_MAX_DIGITS: usize = 15;
+
+/// Separators allowed between the digit groups of a phone number or an SSN.
+fn is_phone_sep(b: u8) -> bool {
+    matches!(b, b' ' | b'-' | b'.' | b'/' | b'(' | b')')
+}
+
+/// A byte that glues a digit run to a longer token (`ord_123456789`, `v1.2.3`, a hex hash):
+/// such a run is an identifier, not a phone number.
+fn glues(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Is `b[i..]` a numeric date `YYYY-MM-DD`, `DD.MM.YYYY` or `DD/MM/YYYY` (same separator
+/// twice)? A date followed by a time (`2026-11-29 19:13`) must not be read as a phone number.
+fn starts_with_date(b: &[u8]) -> bool {
+    let d = |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
+    let sep = |i: usize| {
+        b.get(i)
+            .copied()
+            .filter(|c| matches!(c, b'-' | b'.' | b'/'))
+    };
+    (d(0..4) && d(5..7) && d(8..10) && sep(4).is_some() && sep(4) == sep(7))
+        || (d(0..2) && d(3..5) && d(6..10) && sep(2).is_some() && sep(2) == sep(5))
+}
+
+/// Phone numbers and US SSNs, from one scan of digit groups.
+///
+/// A candidate starts at a digit, `+` or `(` that is not glued to a preceding word, and runs over
+/// digits and single [`is_phone_sep`] separators (two for `) `); it must not be glued to a word
+/// at its end either. It is an SSN when its groups are 3-2-4 digits with a valid area, group and
+/// serial (`078-05-1120`). It is a phone number when it holds 9–15 digits, is not a date, and
+/// starts with `+` (E.164), `(` or `0` (a national trunk prefix), or has at least two separators
+/// (`415.555.0100`, `020 7946 0958`). A bare digit run not starting with 0 (`1764528000`,
+/// an amount in cents) and `1234567.89` are not phone numbers: amounts and epoch times are
+/// captured.
+fn contains_phone_or_ssn(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let starts = c.is_ascii_digit() || ((c == b'+' || c == b'(') && i + 1 < b.len());
+        let glued_before =
+            i > 0 && (glues(b[i - 1]) || matches!(b[i - 1], b'-' | b'.' | b'+' | b'#'));
+        if !starts || glued_before {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut j = i + usize::from(!c.is_ascii_digit());
+        if c == b'+' && b.get(j) == Some(&b'(') {
+            j += 1;
+        }
+        let (mut digits, mut seps) = (0usize, 0usize);
+        let mut groups: [usize; 4] = [0; 4];
+        let mut group = 0usize;
+        let mut end = j;
+        while j < b.len() {
+            if b[j].is_ascii_digit() {
+                digits += 1;
+                if group < groups.len() {
+                    groups[group] += 1;
+                }
+                j += 1;
+                end = j;
+                continue;
+            }
+            // One separator, or two (`) `, `- `), but only between digits.
+            let mut k = j;
+            while k < b.len() && k - j < 2 && is_phone_sep(b[k]) {
+                k += 1;
+            }
+            if k > j && digits > 0 && b.get(k).is_some_and(u8::is_ascii_digit) {
+                seps += 1;
+                group += 1;
+                j = k;
+            } else {
+                break;
+            }
+        }
+        let glued_after = b.get(end).is_some_and(|&x| glues(x))
+            || (b.get(end).is_some_and(|&x| matches!(x, b'-' | b'.' | b'/'))
+                && b.get(end + 1).is_some_and(|&x| glues(x)));
+        if digits > 0 && !glued_after {
+            let ssn = group == 2 && groups[..3] == [3, 2, 4] && ssn_valid(&b[start..end]);
+            let shaped = c == b'+' || c == b'(' || c == b'0' || seps >= 2;
+            let phone = (PHONE_MIN_DIGITS..=PHONE_MAX_DIGITS).contains(&digits)
+                && shaped
+                && !starts_with_date(&b[start..end]);
+            if ssn || phone {
+                return true;
+            }
+        }
+        i = end.max(i + 1);
+    }
+    false
+}
+
+/// Area not 000, 666 or 9xx; group not 00; serial not 0000 (the SSA's rules).
+fn ssn_valid(s: &[u8]) -> bool {
+    let d: Vec<u8> = s
+        .iter()
+        .filter(|c| c.is_ascii_digit())
+        .map(|c| c - b'0')
+        .collect();
+    let area = &d[..3];
+    area != [0, 0, 0] && area != [6, 6, 6] && area[0] != 9 && d[3..5] != [0, 0] && d[5..] != [0; 4]
+}
+
+/// A dotted-quad IPv4 address that is public. Loopback, private (RFC 1918), link-local,
+/// unspecified and broadcast addresses name no one on the Internet, and an upstream at
+/// `127.0.0.1:8080` is what `dest.host` holds in HTTP mode: those are not removed.
+fn contains_ipv4(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if !b[i].is_ascii_digit() || (i > 0 && (glues(b[i - 1]) || b[i - 1] == b'.')) {
+            i += 1;
+            continue;
+        }
+        let mut octets = [0u32; 4];
+        let mut j = i;
+        let mut ok = true;
+        for (n, o) in octets.iter_mut().enumerate() {
+            let s = j;
+            while j < b.len() && b[j].is_ascii_digit() && j - s < 4 {
+                *o = *o * 10 + u32::from(b[j] - b'0');
+                j += 1;
+            }
+            if j == s || j - s > 3 || *o > 255 {
+                ok = false;
+                break;
+            }
+            if n < 3 {
+                if b.get(j) != Some(&b'.') {
+                    ok = false;
+                    break;
+                }
+                j += 1;
+            }
+        }
+        let glued_after = b.get(j).is_some_and(|&x| glues(x))
+            || (b.get(j) == Some(&b'.') && b.get(j + 1).is_some_and(u8::is_ascii_digit));
+        if ok && !glued_after && ipv4_public(octets) {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+fn ipv4_public(o: [u32; 4]) -> bool {
+    !(o[0] == 0
+        || o[0] == 10
+        || o[0] == 127
+        || (o[0] == 169 && o[1] == 254)
+        || (o[0] == 172 && (16..=31).contains(&o[1]))
+        || (o[0] == 192 && o[1] == 168)
+        || o == [255, 255, 255, 255])
+}
+
+/// An IPv6 address (as `std` parses it) with at least three groups, standing alone, that is
+/// not loopback, unspecified, link-local, unique-local or multicast (an IPv4-mapped address
+/// follows the IPv4 rule). Three groups at least, so a tool named `db::add` is not an address.
+fn contains_ipv6(text: &str) -> bool {
+    let b = text.as_bytes();
+    let is_v6 = |c: u8| c.is_ascii_hexdigit() || c == b':' || c == b'.';
+    let mut i = 0;
+    while i < b.len() {
+        if !is_v6(b[i]) || (i > 0 && (glues(b[i - 1]) || b[i - 1] == b':')) {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < b.len() && is_v6(b[j]) {
+            j += 1;
+        }
+        let mut cand = &text[i..j];
+        // A sentence's full stop is not part of the address.
+        while let Some(c) = cand.strip_suffix('.') {
+            cand = c;
+        }
+        let glued_after = b.get(j).is_some_and(|&x| glues(x));
+        let shaped = cand.contains("::") || cand.matches(':').count() == 7;
+        let groups = cand.split(':').filter(|g| !g.is_empty()).count();
+        if !glued_after && shaped && groups >= 3 {
+            if let Ok(a) = cand.parse::<std::net::Ipv6Addr>() {
+                if ipv6_public(&a) {
+                    return true;
+                }
+            }
+        }
+        i = j.max(i + 1);
+    }
+    false
+}
+
+fn ipv6_public(a: &std::net::Ipv6Addr) -> bool {
+    if let Some(v4) = a.to_ipv4_mapped() {
+        return ipv4_public(v4.octets().map(u32::from));
+    }
+    let s0 = a.segments()[0];
+    !(a.is_loopback()
+        || a.is_unspecified()
+        || (s0 & 0xffc0) == 0xfe80
+        || (s0 & 0xfe00) == 0xfc00
+        || (s0 & 0xff00) == 0xff00)
+}
+
+/// Shortest IBAN (Norway).
+const IBAN_MIN_LEN: usize = 15;
+const IBAN_MAX_LEN: usize = 34;
+
+/// IBAN length per country (the SWIFT IBAN registry). A candidate from a listed country must
+/// have exactly that length; one from another country may have any length from 15 to 34 that
+/// ends a group.
+const IBAN_LENGTHS: &[(&[u8; 2], usize)] = &[
+    (b"AD", 24),
+    (b"AE", 23),
+    (b"AL", 28),
+    (b"AT", 20),
+    (b"AZ", 28),
+    (b"BA", 20),
+    (b"BE", 16),
+    (b"BG", 22),
+    (b"BH", 22),
+    (b"BR", 29),
+    (b"BY", 28),
+    (b"CH", 21),
+    (b"CR", 22),
+    (b"CY", 28),
+    (b"CZ", 24),
+    (b"DE", 22),
+    (b"DK", 18),
+    (b"DO", 28),
+    (b"EE", 20),
+    (b"EG", 29),
+    (b"ES", 24),
+    (b"FI", 18),
+    (b"FO", 18),
+    (b"FR", 27),
+    (b"GB", 22),
+    (b"GE", 22),
+    (b"GI", 23),
+    (b"GL", 18),
+    (b"GR", 27),
+    (b"GT", 28),
+    (b"HR", 21),
+    (b"HU", 28),
+    (b"IE", 22),
+    (b"IL", 23),
+    (b"IQ", 23),
+    (b"IS", 26),
+    (b"IT", 27),
+    (b"JO", 30),
+    (b"KW", 30),
+    (b"KZ", 20),
+    (b"LB", 28),
+    (b"LC", 32),
+    (b"LI", 21),
+    (b"LT", 20),
+    (b"LU", 20),
+    (b"LV", 21),
+    (b"MC", 27),
+    (b"MD", 24),
+    (b"ME", 22),
+    (b"MK", 19),
+    (b"MR", 27),
+    (b"MT", 31),
+    (b"MU", 30),
+    (b"NL", 18),
+    (b"NO", 15),
+    (b"PK", 24),
+    (b"PL", 28),
+    (b"PS", 29),
+    (b"PT", 25),
+    (b"QA", 29),
+    (b"RO", 24),
+    (b"RS", 22),
+    (b"SA", 24),
+    (b"SC", 31),
+    (b"SE", 24),
+    (b"SI", 19),
+    (b"SK", 24),
+    (b"SM", 27),
+    (b"ST", 25),
+    (b"SV", 28),
+    (b"TL", 23),
+    (b"TN", 24),
+    (b"TR", 26),
+    (b"UA", 29),
+    (b"VA", 22),
+    (b"VG", 24),
+    (b"XK", 20),
+];
+
+/// An IBAN of any country: two letters, two check digits and up to 30 letters or digits, written
+/// compact or in groups separated by single spaces or dashes, standing alone, whose ISO 13616
+/// mod-97 check gives 1. One test per candidate for listed countries keeps chance hits rare.
+fn contains_iban(text: &str) -> bool {
+    let b = text.as_bytes();
+    if b.len() < 4 {
+        return false;
+    }
+    for i in 0..b.len() - 3 {
+        let head = b[i].is_ascii_alphabetic()
+            && b[i + 1].is_ascii_alphabetic()
+            && b[i + 2].is_ascii_digit()
+            && b[i + 3].is_ascii_digit()
+            && (i == 0 || !glues(b[i - 1]));
+        if !head {
+            continue;
+        }
+        let country = [b[i].to_ascii_uppercase(), b[i + 1].to_ascii_uppercase()];
+        let want = IBAN_LENGTHS
+            .iter()
+            .find(|(c, _)| **c == country)
+            .map(|(_, n)| *n);
+        let mut compact = [0u8; IBAN_MAX_LEN];
+        let mut n = 0usize;
+        let mut j = i;
+        while j < b.len() && n < IBAN_MAX_LEN {
+            if b[j].is_ascii_alphanumeric() {
+                compact[n] = b[j].to_ascii_uppercase();
+                n += 1;
+                j += 1;
+            } else if matches!(b[j], b' ' | b'-')
+                && n > 0
+                && b.get(j + 1).is_some_and(u8::is_ascii_alphanumeric)
+            {
+                // A group ends here: test the candidate so far, then go on.
+                if iban_candidate(&compact[..n], want) {
+                    return true;
+                }
+                j += 1;
+            } else {
+                break;
+            }
+        }
+        let at_end = b.get(j).is_none_or(|&x| !glues(x));
+        if at_end && iban_candidate(&compact[..n], want) {
+            return true;
+        }
+    }
+    false
+}
+
+fn iban_candidate(c: &[u8], want: Option<usize>) -> bool {
+    let len_ok = match want {
+        Some(w) => c.len() == w,
+        None => (IBAN_MIN_LEN..=IBAN_MAX_LEN).contains(&c.len()),
+    };
+    len_ok && iban_mod97(c)
+}
+
+/// ISO 13616: the first four characters moved to the end, letters as 10..35, the number mod 97.
+fn iban_mod97(c: &[u8]) -> bool {
+    let mut r = 0u32;
+    for &x in c[4..].iter().chain(&c[..4]) {
+        r = match x {
+            b'0'..=b'9' => (r * 10 + u32::from(x - b'0')) % 97,
+            b'A'..=b'Z' => (r * 100 + u32::from(x - b'A') + 10) % 97,
+            _ => return false,
+        };
+    }
+    r == 1
+}
+
+/// Words that make a nearby numeric date a date of birth (English, German, French, Spanish,
+/// Italian; ASCII case ignored).
+const BIRTH_WORDS: &[&str] = &[
+    "birth",
+    "born",
+    "dob",
+    "d.o.b",
+    "geboren",
+    "geb.",
+    "geburt",
+    "naissance",
+    "née",
+    "nacimiento",
+    "nacido",
+    "nascita",
+    "nato il",
+];
+
+/// Words that make a nearby code a passport number.
+const PASSPORT_WORDS: &[&str] = &[
+    "passport",
+    "passeport",
+    "reisepass",
+    "pasaporte",
+    "passaporto",
+    "paspoort",
+];
+
+/// How far from its word a date or code may be, in bytes, to be "next to" it.
+const CONTEXT_WINDOW: usize = 32;
+
+static CONTEXT_AC: OnceLock<Option<AhoCorasick>> = OnceLock::new();
+
+/// A date of birth (a numeric date next to a [`BIRTH_WORDS`] word) or a passport number (a code
+/// of 6–10 letters and digits with at least 4 digits next to a [`PASSPORT_WORDS`] word). A date
+/// alone (`2026-11-29`) and a code alone are captured.
+fn contains_contextual(text: &str) -> bool {
+    let Some(ac) = automaton_of(&CONTEXT_AC, &[BIRTH_WORDS, PASSPORT_WORDS].concat()) else {
+        return false;
+    };
+    for m in ac.find_iter(text) {
+        let lo = m.start().saturating_sub(CONTEXT_WINDOW);
+        let hi = (m.end() + CONTEXT_WINDOW).min(text.len());
+        let near = |s: usize, e: usize| e > lo && s < hi;
+        let found = if m.pattern().as_usize() < BIRTH_WORDS.len() {
+            numeric_dates(text).any(|(s, e)| near(s, e))
+        } else {
+            passport_codes(text).any(|(s, e)| near(s, e))
+        };
+        if found {
+            return true;
+        }
+    }
+    false
+}
+
+/// Like [`automaton`], for a pattern list built at run time (ASCII case ignored).
+fn automaton_of(
+    cell: &'static OnceLock<Option<AhoCorasick>>,
+    patterns: &[&str],
+) -> Option<&'static AhoCorasick> {
+    cell.get_or_init(|| {
+        AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::LeftmostFirst)
+            .build(patterns)
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Maximal runs of ASCII letters and digits (the byte ranges), split at anything else.
+fn tokens(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let b = text.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < b.len() && !b[i].is_ascii_alphanumeric() {
+            i += 1;
+        }
+        if i >= b.len() {
+            return None;
+        }
+        let s = i;
+        while i < b.len() && b[i].is_ascii_alphanumeric() {
+            i += 1;
+        }
+        Some((s, i))
+    })
+}
+
+/// Numeric dates: `YYYY-MM-DD` (or `/`, `.`), and `D.M.YY`, `DD/MM/YYYY`, `MM-DD-YYYY` and the
+/// like (day and month in either order, a 2- or 4-digit year), the same separator twice.
+fn numeric_dates(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let b = text.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < b.len() {
+            let s = i;
+            if !b[s].is_ascii_digit() || (s > 0 && b[s - 1].is_ascii_digit()) {
+                i += 1;
+                continue;
+            }
+            let run = |from: usize| b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+            let num = |from: usize, n: usize| {
+                b[from..from + n]
+                    .iter()
+                    .fold(0u32, |a, d| a * 10 + u32::from(d - b'0'))
+            };
+            let n1 = run(s);
+            let sep = b.get(s + n1).copied();
+            i = s + n1.max(1);
+            let Some(sep) = sep.filter(|c| matches!(c, b'-' | b'/' | b'.')) else {
+                continue;
+            };
+            let p2 = s + n1 + 1;
+            let n2 = run(p2);
+            if n2 == 0 || n2 > 2 || b.get(p2 + n2) != Some(&sep) {
+                continue;
+            }
+            let p3 = p2 + n2 + 1;
+            let n3 = run(p3);
+            let (a, m, c) = (
+                num(s, n1),
+                num(p2, n2),
+                if n3 > 0 { num(p3, n3) } else { 0 },
+            );
+            let ok = match (n1, n3) {
+                (4, 1..=2) => (1..=12).contains(&m) && (1..=31).contains(&c),
+                (1..=2, 2 | 4) => {
+                    (1..=31).contains(&a) && (1..=31).contains(&m) && (a <= 12 || m <= 12)
+                }
+                _ => false,
+            };
+            if ok {
+                i = p3 + n3;
+                return Some((s, p3 + n3));
+            }
+        }
+        None
+    })
+}
+
+/// Passport-like codes: 6–10 letters and digits, at least 4 of them digits.
+fn passport_codes(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let b = text.as_bytes();
+    tokens(text).filter(move |&(s, e)| {
+        (6..=10).contains(&(e - s)) && b[s..e].iter().filter(|c| c.is_ascii_digit()).count() >= 4
+    })
 }
 
 static SECRET_MARKERS_AC: OnceLock<Option<AhoCorasick>> = OnceLock::new();
@@ -467,6 +1059,9 @@ fn text_passes(s: &str) -> bool {
 }
 
 /// A number is scrubbed through its decimal text: a 16-digit Luhn-valid integer is a card.
+/// A card is the only L4 kind a JSON number can hold (phone numbers and SSNs need a `+`, a
+/// leading 0 or separators, IP addresses more than one dot, the others letters), and the other
+/// detectors are not run on it: `1234567.89` is an amount, not a phone number.
 fn number_admit(n: Number) -> Option<Value> {
     number_passes(&n).then_some(Value::Number(n))
 }
@@ -497,10 +1092,20 @@ fn number_passes(n: &Number) -> bool {
     };
     if write!(t, "{n}").is_ok() {
         if let Ok(s) = std::str::from_utf8(&t.buf[..t.len]) {
-            return !contains_sensitive(s);
+            return !number_text_sensitive(s);
         }
     }
-    !contains_sensitive(&n.to_string())
+    !number_text_sensitive(&n.to_string())
+}
+
+/// L4 on a number's decimal text: the card detector (see [`number_admit`]).
+fn number_text_sensitive(s: &str) -> bool {
+    s.bytes().filter(u8::is_ascii_digit).count() >= CARD_MIN_DIGITS && contains_card_number(s)
+}
+
+/// L4 on a number anywhere in an event (`rec.fields`, `err.code`).
+pub fn number_is_sensitive(n: &Number) -> bool {
+    !number_passes(n)
 }
 
 /// L2 + L4 + scalar and length rules on one field, without the allow-set: what the L3 filter
@@ -526,27 +1131,86 @@ pub fn field_passes(key: &str, value: &Value) -> bool {
     }
 }
 
-/// The sensor's capture decision: the built-in allow-set plus `--capture`, under L2 and L4.
+/// Longest string the sensor captures as a code without `--capture-text`.
+pub const MAX_CODE_LEN: usize = 64;
+
+/// Punctuation a code may hold besides letters and digits: enough for `requested_by_customer`,
+/// `en-GB`, `v1.2`, `tier:gold`, `eu/west`; no space, so no prose.
+const CODE_PUNCT: &[u8] = b"_-.:/";
+
+/// Is this string a code (`EUR`, `requested_by_customer`, `damaged`) rather than prose? At most
+/// [`MAX_CODE_LEN`] bytes of letters, digits and `_ - . : /`, so no whitespace: a name, a street
+/// address or a sentence is never a code. L4 cannot recognise names and addresses, so the
+/// sensor captures any other string only under a key opted in with `--capture-text`.
+pub fn is_code(s: &str) -> bool {
+    s.len() <= MAX_CODE_LEN
+        && if s.is_ascii() {
+            s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || CODE_PUNCT.contains(&b))
+        } else {
+            s.chars()
+                .all(|c| c.is_alphanumeric() || (c.is_ascii() && CODE_PUNCT.contains(&(c as u8))))
+        }
+}
+
+/// What the sensor does with one top-level argument.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Capture {
+    /// Captured, as this value.
+    Kept(Value),
+    /// A string under an allowed key that is not a [`is_code`] code, and the key was not opted
+    /// into prose: withheld, and counted by the observer.
+    Prose,
+    /// Not captured: key not allowed, PII-shaped, or the value fails L4 or the scalar rules.
+    Dropped,
+}
+
+/// The sensor's capture decision: the built-in allow-set plus `--capture` and `--capture-text`,
+/// under L2 and L4, and the codes-only rule for strings.
 #[derive(Debug, Clone)]
 pub struct CapturePolicy {
     /// Normalised allowed keys (built-in set first, then `--capture`), without those L2 denies:
     /// L2 depends on the normalised key alone, so a denied entry could never match.
     allowed: Vec<String>,
+    /// Normalised keys whose string values may be prose (`--capture-text`); each is also in
+    /// `allowed` unless L2 denies it.
+    text: Vec<String>,
 }
 
 impl CapturePolicy {
     /// `extra` are the `--capture` keys; they are normalised like every other key. A `--capture`
     /// key on the denylist is accepted here but never matches (L2 wins).
     pub fn new(extra: &[String]) -> Self {
+        Self::with_text(extra, &[])
+    }
+
+    /// As [`CapturePolicy::new`], with `text` the `--capture-text` keys: their string values are
+    /// captured even when they are not codes (still under the length cap, L2 and L4), and each
+    /// is allowed as if given to `--capture`.
+    pub fn with_text(extra: &[String], text: &[String]) -> Self {
         let mut allowed: Vec<String> = BUILTIN_CAPTURE.iter().map(|s| s.to_string()).collect();
-        for e in extra {
+        let mut prose = Vec::new();
+        for (e, is_text) in extra
+            .iter()
+            .map(|e| (e, false))
+            .chain(text.iter().map(|t| (t, true)))
+        {
             let n = normalize_key(e);
-            if !n.is_empty() && !allowed.contains(&n) {
+            if n.is_empty() || is_pii_normalized(&n) {
+                continue;
+            }
+            if is_text && !prose.contains(&n) {
+                prose.push(n.clone());
+            }
+            if !allowed.contains(&n) {
                 allowed.push(n);
             }
         }
         allowed.retain(|k| !is_pii_normalized(k));
-        CapturePolicy { allowed }
+        CapturePolicy {
+            allowed,
+            text: prose,
+        }
     }
 
     /// Is the key on the allow-set and off the denylist? The allow-set is asked first: most keys
@@ -560,10 +1224,23 @@ impl CapturePolicy {
 
     /// The value to capture for a top-level argument, or `None`.
     pub fn capture(&self, key: &str, value: Scalar<'_>) -> Option<Value> {
-        if !self.allows_key(key) {
-            return None;
+        match self.decide(key, value) {
+            Capture::Kept(v) => Some(v),
+            Capture::Prose | Capture::Dropped => None,
         }
-        value.admit()
+    }
+
+    /// The capture decision for a top-level argument, telling withheld prose apart.
+    pub fn decide(&self, key: &str, value: Scalar<'_>) -> Capture {
+        if !self.allows_key(key) {
+            return Capture::Dropped;
+        }
+        if let Scalar::Str(s) = value {
+            if !is_code(s) && !with_normalized(key, |n| self.text.iter().any(|t| t == n)) {
+                return Capture::Prose;
+            }
+        }
+        value.admit().map_or(Capture::Dropped, Capture::Kept)
     }
 }
 
@@ -621,9 +1298,10 @@ mod tests {
             #![proptest_config(ProptestConfig::with_cases(512))]
 
             #[test]
-            fn prechecked_scan_agrees_with_every_detector(s in "([0-9]{1,5}|[ .@_kK-]|eyJ|sk_live_|\\PC){0,24}") {
+            fn prechecked_scan_agrees_with_every_detector(s in "([0-9]{1,5}|[ .@_kK:/()+-]|eyJ|sk_live_|GB82|born|dob |passport |[A-F]{1,3}|\\PC){0,24}") {
                 let full = contains_card_number(&s) || contains_email(&s) || contains_jwt(&s)
-                    || contains_secret_marker(&s);
+                    || contains_secret_marker(&s) || contains_phone_or_ssn(&s) || contains_ipv4(&s)
+                    || contains_ipv6(&s) || contains_iban(&s) || contains_contextual(&s);
                 prop_assert_eq!(contains_sensitive(&s), full);
                 prop_assert_eq!(is_pii_key(&s), is_pii_normalized(&normalize_key(&s)));
             }
@@ -631,7 +1309,9 @@ mod tests {
             #[test]
             fn stack_number_text_agrees_with_to_string(i in any::<i64>(), u in any::<u64>(), f in any::<f64>()) {
                 for n in [Number::from(i), Number::from(u)].into_iter().chain(Number::from_f64(f)) {
-                    prop_assert_eq!(number_passes(&n), !contains_sensitive(&n.to_string()));
+                    prop_assert_eq!(number_passes(&n), !number_text_sensitive(&n.to_string()));
+                    // A number's text can only hold a card: the other detectors agree.
+                    prop_assert_eq!(contains_sensitive(&n.to_string()), number_text_sensitive(&n.to_string()) || contains_contextual(&n.to_string()));
                 }
             }
 
@@ -643,6 +1323,15 @@ mod tests {
                 let old = !(k.is_empty() || k.len() > MAX_KEY_LEN || is_pii_key(&k) || contains_sensitive(&k))
                     && unfiltered.contains(&normalize_key(&k));
                 prop_assert_eq!(p.allows_key(&k), old);
+            }
+
+            #[test]
+            fn no_string_captured_without_capture_text_holds_whitespace(k in "(reason|status|currency|sku|note)", v in "(\\PC|[ \t\n\u{a0}\u{2003}]|[a-z0-9_.:/-]{1,8}){0,20}") {
+                let p = CapturePolicy::new(&["sku".into()]);
+                if let Some(Value::String(got)) = p.capture(&k, Scalar::Str(&v)) {
+                    prop_assert!(!got.chars().any(char::is_whitespace), "{got:?}");
+                    prop_assert!(got.len() <= MAX_CODE_LEN);
+                }
             }
 
             #[test]
@@ -666,6 +1355,17 @@ mod tests {
             assert!(
                 m.bytes().any(|b| MARKER_TRIGGERS.contains(&b)),
                 "{m} has no trigger byte: contains_sensitive would skip it"
+            );
+        }
+    }
+
+    #[test]
+    fn every_context_word_holds_a_trigger_byte() {
+        for w in BIRTH_WORDS.iter().chain(PASSPORT_WORDS) {
+            assert!(
+                w.bytes()
+                    .any(|b| CONTEXT_TRIGGERS.contains(&b.to_ascii_lowercase())),
+                "{w} has no trigger byte: contains_sensitive would skip it"
             );
         }
     }
@@ -815,18 +1515,314 @@ mod tests {
         assert_eq!(p.capture("reason", Scalar::Str("sk_live_abc123")), None);
         assert_eq!(p.capture("amount", Scalar::U64(4111111111111111)), None);
         assert_eq!(
-            p.capture("reason", Scalar::Str("duplicate charge")),
+            p.capture("reason", Scalar::Str("duplicate_charge")),
+            Some(json!("duplicate_charge"))
+        );
+        let text = CapturePolicy::with_text(&[], &["reason".into()]);
+        assert_eq!(
+            text.capture("reason", Scalar::Str("duplicate charge")),
             Some(json!("duplicate charge"))
+        );
+        assert_eq!(
+            text.capture("reason", Scalar::Str("call +1 (415) 555-0100")),
+            None
         );
     }
 
     #[test]
     fn long_strings_are_dropped_not_truncated() {
-        let p = CapturePolicy::new(&[]);
+        let p = CapturePolicy::with_text(&[], &["reason".into()]);
         let long = "a".repeat(MAX_VALUE_LEN + 1);
         assert_eq!(p.capture("reason", Scalar::Str(&long)), None);
         let ok = "a".repeat(MAX_VALUE_LEN);
         assert!(p.capture("reason", Scalar::Str(&ok)).is_some());
+    }
+
+    #[test]
+    fn only_codes_are_captured_without_capture_text() {
+        let p = CapturePolicy::new(&["note".into()]);
+        for code in [
+            "requested_by_customer",
+            "EUR",
+            "damaged",
+            "high",
+            "en-GB",
+            "v1.2.3",
+            "tier:gold",
+            "eu/west",
+            "ord_12345678",
+            "2026-11-29",
+            "annulé",
+            "",
+        ] {
+            assert_eq!(
+                p.decide("reason", Scalar::Str(code)),
+                Capture::Kept(json!(code)),
+                "{code}"
+            );
+        }
+        for prose in [
+            "duplicate charge",
+            "call John Smith",
+            "42 Baker Street",
+            "Jane\tDoe",
+            "a\u{a0}b",
+            "x,y",
+            "it's",
+            &"a".repeat(MAX_CODE_LEN + 1),
+        ] {
+            assert_eq!(
+                p.decide("reason", Scalar::Str(prose)),
+                Capture::Prose,
+                "{prose}"
+            );
+            assert_eq!(
+                p.decide("note", Scalar::Str(prose)),
+                Capture::Prose,
+                "{prose}"
+            );
+        }
+        // Numbers and booleans are unchanged; a key not allowed is dropped, not counted.
+        assert_eq!(
+            p.decide("amount", Scalar::F64(12.5)),
+            Capture::Kept(json!(12.5))
+        );
+        assert_eq!(
+            p.decide("dry_run", Scalar::Bool(true)),
+            Capture::Kept(json!(true))
+        );
+        assert_eq!(p.decide("other", Scalar::Str("a b")), Capture::Dropped);
+    }
+
+    #[test]
+    fn capture_text_opts_a_key_into_prose_and_allows_it() {
+        let p =
+            CapturePolicy::with_text(&[], &["Reason".into(), "note".into(), "user_name".into()]);
+        assert_eq!(
+            p.decide("reason", Scalar::Str("customer asked twice")),
+            Capture::Kept(json!("customer asked twice"))
+        );
+        assert_eq!(
+            p.decide("note", Scalar::Str("left at the door")),
+            Capture::Kept(json!("left at the door"))
+        );
+        // Other allowed keys stay codes-only; the denylist still wins.
+        assert_eq!(p.decide("status", Scalar::Str("on hold")), Capture::Prose);
+        assert_eq!(p.decide("user_name", Scalar::Str("jane")), Capture::Dropped);
+        // L4 still runs on prose.
+        assert_eq!(
+            p.decide("note", Scalar::Str("SSN 078-05-1120")),
+            Capture::Dropped
+        );
+    }
+
+    #[test]
+    fn phone_numbers_are_found_in_national_and_international_forms() {
+        for s in [
+            "+1 (415) 555-0100",
+            "call John Smith at +1 (415) 555-0100",
+            "(415) 555-0100",
+            "415-555-0100",
+            "415.555.0100",
+            "+14155550100",
+            "tel:+14155550100",
+            "+44 20 7946 0958",
+            "020 7946 0958",
+            "07700 900123",
+            "+49 30 1234567",
+            "030 12345678",
+            "030/12345678",
+            "0171 1234567",
+            "+33 1 23 45 67 89",
+            "01 23 45 67 89",
+            "01.23.45.67.89",
+            "+353 1 234 5678",
+        ] {
+            assert!(contains_phone_or_ssn(s), "{s}");
+            assert!(contains_sensitive(s), "{s}");
+        }
+        for s in [
+            "ord_12345678",
+            "ord_123456789012",
+            "1764528000",
+            "amount 1234567.89",
+            "2026-11-29",
+            "2026-11-29 19:13:27",
+            "29.11.2026 10:15",
+            "0123456789abcdef0123456789abcdef",
+            "a1b2c3d4e5f60718",
+            "v1.2.3",
+            "12345678",
+            "123e4567-e89b-12d3-a456-426614174000",
+            "#123456789",
+            "x-0123456789",
+        ] {
+            assert!(!contains_phone_or_ssn(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn us_ssns_are_found() {
+        for s in ["078-05-1120", "SSN 078-05-1120", "ssn: 219 09 9999"] {
+            assert!(contains_sensitive(s), "{s}");
+        }
+        assert!(ssn_valid(b"078-05-1120"));
+        for s in [
+            &b"000-12-3456"[..],
+            b"666-12-3456",
+            b"912-12-3456",
+            b"123-00-4567",
+            b"123-45-0000",
+        ] {
+            assert!(!ssn_valid(s));
+        }
+    }
+
+    #[test]
+    fn public_ip_addresses_are_found_and_local_ones_are_not() {
+        for s in [
+            "81.2.69.160",
+            "from 8.8.8.8.",
+            "203.0.113.7:8080",
+            "client ip 100.64.1.2",
+            "2001:db8::8a2e:370:7334",
+            "[2a00:1450:4001:82b::200e]:443",
+            "2001:0db8:0000:0000:0000:ff00:0042:8329",
+        ] {
+            assert!(contains_sensitive(s), "{s}");
+        }
+        for s in [
+            "127.0.0.1:8080",
+            "10.0.0.5",
+            "192.168.1.20",
+            "172.16.0.1",
+            "169.254.1.1",
+            "0.0.0.0",
+            "[::1]:8080",
+            "fe80::1:2:3",
+            "fd00::1:2:3",
+            "db::add",
+            "fs::read_file",
+            "19:13:27.123",
+            "00:1a:2b:3c:4d:5e",
+            "v1.2.3",
+            "10.0.19041.1234",
+            "1.2.3.4.5",
+            "mcp://payments",
+        ] {
+            assert!(!contains_ipv4(s) && !contains_ipv6(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn ibans_of_any_country_are_found_by_mod_97() {
+        for s in [
+            "GB82WEST12345698765432",
+            "GB82 WEST 1234 5698 7654 32",
+            "FR14 2004 1010 0505 0001 3M02 606",
+            "pay to FR1420041010050500013M02606 today",
+            "NL91ABNA0417164300",
+            "BE68 5390 0754 7034",
+            "ES91 2100 0418 4502 0005 1332",
+            "DE89 3704 0044 0532 0130 00",
+            "ch9300762011623852957",
+        ] {
+            assert!(contains_iban(s), "{s}");
+            assert!(contains_sensitive(s), "{s}");
+        }
+        for s in [
+            "GB82WEST12345698765433",
+            "FR14 2004 1010 0505 0001 3M02 607",
+            "GB82WEST12345698765432X",
+            "AB12",
+            "requested_by_customer",
+            "SKU AB12-3456-7890-1234",
+        ] {
+            assert!(!contains_iban(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn dates_of_birth_need_a_birth_word_next_to_them() {
+        for s in [
+            "born 1984-03-07",
+            "DOB: 07/03/1984",
+            "date of birth 7.3.84",
+            "dob_1984-03-07",
+            "geboren am 07.03.1984",
+            "né le 07/03/1984, naissance",
+            "12/31/1990 birthday",
+        ] {
+            assert!(contains_contextual(s), "{s}");
+            assert!(contains_sensitive(s), "{s}");
+        }
+        for s in [
+            "2026-11-29",
+            "shipped 2026-11-29",
+            "born_ready",
+            "born on a tuesday",
+            "birthday_sale 2026",
+            &format!("born {} 2026-11-29", "x".repeat(40)),
+            "stubborn 2026-13-45",
+        ] {
+            assert!(!contains_contextual(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn passport_numbers_need_a_passport_word_next_to_them() {
+        for s in [
+            "passport 123456789",
+            "Passport no. C01X00T47",
+            "passport_number:12AB34567",
+            "Reisepass C01X00T47",
+            "533380006 passport",
+        ] {
+            assert!(contains_contextual(s), "{s}");
+        }
+        for s in [
+            "C01X00T47",
+            "passport expired",
+            "passport_check 2031",
+            &format!("passport {} 123456789", "x".repeat(40)),
+        ] {
+            assert!(!contains_contextual(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn codes_amounts_and_plain_dates_are_not_sensitive() {
+        for s in [
+            "EUR",
+            "requested_by_customer",
+            "damaged",
+            "high",
+            "4900",
+            "1234567.89",
+            "2026-11-29",
+            "2026-11-29T19:13:27.123Z",
+            "ord_12345678",
+            "ord_1234567890",
+            "inv-2026-000123",
+            "1764528000",
+            "mcp://payments",
+            "mcp:k1",
+            "issue_refund",
+            "2025-06-18",
+            "0.1.0",
+            "claude-code",
+            "0123456789abcdef0123456789abcdef",
+        ] {
+            assert!(!contains_sensitive(s), "{s}");
+        }
+        for n in [
+            Number::from(1_234_567_890u64),
+            Number::from(14_155_550_100u64),
+            Number::from_f64(1234567.89).expect("finite"),
+            Number::from(-32601),
+        ] {
+            assert!(number_passes(&n), "{n}");
+        }
     }
 
     #[test]

@@ -35,6 +35,11 @@ pub struct RawBatch<'a> {
     pub dropped: u64,
     pub sensor_version: Option<String>,
     pub sensor_transport: Option<String>,
+    /// The sensor's `version` or `transport` held a value layer 4 removes (checked in full,
+    /// before the cut to [`MAX_SENSOR_INFO_LEN`] could split it): both are left out
+    /// (`None` above), and the caller rejects every event of the batch, as for a hit in an
+    /// event's own metadata.
+    pub sensor_sensitive: bool,
     pub events: Vec<&'a RawValue>,
 }
 
@@ -91,6 +96,7 @@ pub fn parse(body: &[u8], max_events: usize) -> Result<RawBatch<'_>, BatchError>
         dropped,
         sensor_version: fields.sensor_version,
         sensor_transport: fields.sensor_transport,
+        sensor_sensitive: fields.sensor_sensitive,
         events,
     })
 }
@@ -102,6 +108,7 @@ struct Fields<'a> {
     dropped: Option<Num>,
     sensor_version: Option<String>,
     sensor_transport: Option<String>,
+    sensor_sensitive: bool,
     events: Option<Vec<&'a RawValue>>,
 }
 
@@ -133,8 +140,12 @@ impl<'de> Visitor<'de> for BatchSeed<'_> {
                 "dropped" => out.dropped = Some(map.next_value()?),
                 "sensor" => {
                     let s: Sensor = map.next_value()?;
-                    out.sensor_version = s.version;
-                    out.sensor_transport = s.transport;
+                    out.sensor_sensitive = s.sensitive;
+                    (out.sensor_version, out.sensor_transport) = if s.sensitive {
+                        (None, None)
+                    } else {
+                        (s.version, s.transport)
+                    };
                 }
                 "events" => {
                     out.events = map.next_value_seed(EventsSeed {
@@ -259,6 +270,8 @@ impl<'de> de::Deserialize<'de> for Num {
 struct Sensor {
     version: Option<String>,
     transport: Option<String>,
+    /// Either string held a value layer 4 removes.
+    sensitive: bool,
 }
 
 impl<'de> de::Deserialize<'de> for Sensor {
@@ -273,8 +286,16 @@ impl<'de> de::Deserialize<'de> for Sensor {
                 let mut s = Sensor::default();
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
                     match key.as_ref() {
-                        "version" => s.version = map.next_value::<ShortStr>()?.0,
-                        "transport" => s.transport = map.next_value::<ShortStr>()?.0,
+                        "version" => {
+                            let v = map.next_value::<ShortStr>()?;
+                            s.sensitive |= v.sensitive;
+                            s.version = v.text;
+                        }
+                        "transport" => {
+                            let v = map.next_value::<ShortStr>()?;
+                            s.sensitive |= v.sensitive;
+                            s.transport = v.text;
+                        }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -308,8 +329,13 @@ impl<'de> de::Deserialize<'de> for Sensor {
     }
 }
 
-/// A string cut to [`MAX_SENSOR_INFO_LEN`] characters; `None` for any other value (skipped).
-struct ShortStr(Option<String>);
+/// A string cut to [`MAX_SENSOR_INFO_LEN`] characters (`text`; `None` for any other value,
+/// skipped), and whether the whole string held a value layer 4 removes.
+#[derive(Default)]
+struct ShortStr {
+    text: Option<String>,
+    sensitive: bool,
+}
 
 impl<'de> de::Deserialize<'de> for ShortStr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -320,30 +346,31 @@ impl<'de> de::Deserialize<'de> for ShortStr {
                 f.write_str("any JSON value")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<ShortStr, E> {
-                Ok(ShortStr(Some(
-                    s.chars().take(MAX_SENSOR_INFO_LEN).collect(),
-                )))
+                Ok(ShortStr {
+                    text: Some(s.chars().take(MAX_SENSOR_INFO_LEN).collect()),
+                    sensitive: crate::event::privacy::contains_sensitive(s),
+                })
             }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<ShortStr, A::Error> {
-                IgnoredAny.visit_seq(seq).map(|_| ShortStr(None))
+                IgnoredAny.visit_seq(seq).map(|_| ShortStr::default())
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ShortStr, A::Error> {
-                IgnoredAny.visit_map(map).map(|_| ShortStr(None))
+                IgnoredAny.visit_map(map).map(|_| ShortStr::default())
             }
             fn visit_bool<E: de::Error>(self, _: bool) -> Result<ShortStr, E> {
-                Ok(ShortStr(None))
+                Ok(ShortStr::default())
             }
             fn visit_i64<E: de::Error>(self, _: i64) -> Result<ShortStr, E> {
-                Ok(ShortStr(None))
+                Ok(ShortStr::default())
             }
             fn visit_u64<E: de::Error>(self, _: u64) -> Result<ShortStr, E> {
-                Ok(ShortStr(None))
+                Ok(ShortStr::default())
             }
             fn visit_f64<E: de::Error>(self, _: f64) -> Result<ShortStr, E> {
-                Ok(ShortStr(None))
+                Ok(ShortStr::default())
             }
             fn visit_unit<E: de::Error>(self) -> Result<ShortStr, E> {
-                Ok(ShortStr(None))
+                Ok(ShortStr::default())
             }
         }
         d.deserialize_any(V)

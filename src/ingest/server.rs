@@ -262,6 +262,9 @@ fn prepare_batch(
             .then(|| serde_json::from_str::<Value>(text).ok())
             .flatten()
             .and_then(|ev| validate_and_filter_event(&ev).ok())
+            // A sensor `version` / `transport` with a layer-4 hit rejects the whole batch's
+            // events, like a hit in an event's own metadata (see `batch::RawBatch`).
+            .filter(|_| !raw.sensor_sensitive)
             .and_then(|f| stamp(f, key, &received_at));
         match row {
             Some(row) => rows.push(row),

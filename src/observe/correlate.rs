@@ -145,7 +145,12 @@ impl Outcome {
         let (kind, code) = match self {
             Outcome::Success => return None,
             Outcome::ToolError => (ErrKind::Tool, None),
-            Outcome::JsonRpc(code) => (ErrKind::Jsonrpc, code),
+            // A code whose digits L4 reads as a card number would get the event rejected by
+            // the filter: it is omitted, the kind and status still say what happened.
+            Outcome::JsonRpc(code) => (
+                ErrKind::Jsonrpc,
+                code.filter(|c| !crate::event::privacy::number_is_sensitive(&(*c).into())),
+            ),
             Outcome::Timeout => (ErrKind::Timeout, None),
             Outcome::Cancelled => (ErrKind::Cancelled, None),
             Outcome::Transport | Outcome::HttpStatus(_) => (ErrKind::Transport, None),

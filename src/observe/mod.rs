@@ -59,7 +59,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Map;
 
-use crate::event::privacy::CapturePolicy;
+use crate::event::filter::REDACTED;
+use crate::event::privacy::{Capture, CapturePolicy};
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
 };
@@ -103,19 +104,24 @@ impl std::hash::Hasher for CounterHasher {
 type CounterMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<CounterHasher>>;
 
 /// `dest.host`: the upstream (HTTP), or `mcp://` and the server's name (stdio): `--name`, else
-/// the `serverInfo.name` learned (`learned`), else the default.
+/// the `serverInfo.name` learned (`learned`), else the default. A host that holds a value L4
+/// removes (an upstream at a public IP address) is sent as [`REDACTED`], which the filter keeps.
 fn dest_host(cfg: &ObserverConfig, learned: Option<&str>) -> SharedStr {
-    match &cfg.transport {
+    let host = match &cfg.transport {
         Transport::Stdio => {
             let server = cfg
                 .server_name
                 .as_deref()
                 .or(learned)
                 .unwrap_or(crate::config::DEFAULT_SERVER_NAME);
-            format!("mcp://{server}").into()
+            format!("mcp://{server}")
         }
-        Transport::Http { host } => host.into(),
+        Transport::Http { host } => host.clone(),
+    };
+    if crate::event::privacy::contains_sensitive(&host) {
+        return REDACTED.into();
     }
+    host.into()
 }
 
 /// How a transport reaches the server: decides `dest.host` and `sensor.transport`.
@@ -138,6 +144,8 @@ pub struct ObserverConfig {
     pub on_behalf_of: Option<String>,
     /// Extra allow-listed argument keys (`--capture`).
     pub capture: Vec<String>,
+    /// Keys whose string values may be prose (`--capture-text`); each is also allow-listed.
+    pub capture_text: Vec<String>,
     pub call_timeout: Duration,
 }
 
@@ -190,6 +198,11 @@ pub struct ObserverStats {
     /// read: their answer may have been among the dropped bytes, so no event is made for them
     /// (a 504 or 502 would claim a failure the client may not have seen).
     pub unobserved: u64,
+    /// Calls whose tool name held a value L4 removes: reported under the name `<redacted>`.
+    pub redacted_tools: u64,
+    /// String arguments under an allowed key withheld as prose (not a code, and the key not
+    /// given to `--capture-text`).
+    pub prose_withheld: u64,
 }
 
 /// How often [`run_tap_observer`] checks call timeouts. Timeouts are minutes; a second is plenty.
@@ -281,6 +294,30 @@ fn clean(s: &str, max: usize) -> Option<String> {
     ok.then(|| s.to_string())
 }
 
+/// A random stdio session id that L4 does not read as a card number or IBAN (random hex can
+/// hold a Luhn-valid digit run now and then): such an id would get every event rejected.
+fn clear_session_id() -> String {
+    loop {
+        let id = new_event_id();
+        if !crate::event::privacy::contains_sensitive(&id) {
+            return id;
+        }
+    }
+}
+
+/// The tool name an event carries: `None` for one the envelope cannot hold (empty, too long,
+/// control characters: the request is malformed), [`REDACTED`] for one that holds a value L4
+/// removes (the call is still reported, and counted).
+fn tool_name(s: &str) -> Option<(String, bool)> {
+    if s.is_empty() || s.len() > MAX_TOOL_NAME || s.chars().any(char::is_control) {
+        return None;
+    }
+    if crate::event::privacy::contains_sensitive(s) {
+        return Some((REDACTED.to_string(), true));
+    }
+    Some((s.to_string(), false))
+}
+
 fn lenient_str<'a>(l: &'a Lenient<std::borrow::Cow<'_, str>>) -> Option<&'a str> {
     l.ok().map(|c| c.as_ref())
 }
@@ -316,7 +353,7 @@ pub struct Observer<S: EventSink> {
 
 impl<S: EventSink> Observer<S> {
     pub fn new(mut cfg: ObserverConfig, sink: S) -> Self {
-        let policy = CapturePolicy::new(&cfg.capture);
+        let policy = CapturePolicy::with_text(&cfg.capture, &cfg.capture_text);
         // A `--name` the envelope cannot carry falls back to `serverInfo.name`.
         cfg.server_name = cfg
             .server_name
@@ -339,7 +376,7 @@ impl<S: EventSink> Observer<S> {
             scopes: CounterMap::default(),
             early: HashMap::new(),
             early_bytes: 0,
-            stdio_session: new_event_id().into(),
+            stdio_session: clear_session_id().into(),
             s2c_gap: None,
             started_calls: None,
             warned: Warned::default(),
@@ -781,7 +818,7 @@ impl<S: EventSink> Observer<S> {
         len: u64,
     ) -> Option<u64> {
         let params = p.params.ok()?;
-        let tool = clean(lenient_str(&params.name)?, MAX_TOOL_NAME)?;
+        let (tool, redacted) = tool_name(lenient_str(&params.name)?)?;
         let meta = params.meta.ok();
         let echoed_state = lenient_str(&params.request_state)
             .or_else(|| meta.and_then(|m| lenient_str(&m.request_state)));
@@ -800,18 +837,27 @@ impl<S: EventSink> Observer<S> {
             }
         }
 
+        if redacted {
+            self.stats.redacted_tools += 1;
+        }
+        let mut prose = 0u64;
         let fields = params.arguments.ok().map(|args| {
             let mut m = Map::new();
             for (k, v) in &args.0 {
                 if m.len() >= crate::event::privacy::MAX_FIELDS {
                     break;
                 }
-                if let Some(val) = v.as_scalar().and_then(|s| self.policy.capture(k, s)) {
-                    m.insert(k.to_string(), val);
+                match v.as_scalar().map(|s| self.policy.decide(k, s)) {
+                    Some(Capture::Kept(val)) => {
+                        m.insert(k.to_string(), val);
+                    }
+                    Some(Capture::Prose) => prose += 1,
+                    Some(Capture::Dropped) | None => {}
                 }
             }
             m
         });
+        self.stats.prose_withheld += prose;
         let on_behalf_of = meta
             .and_then(|m| lenient_str(&m.on_behalf_of))
             .and_then(|s| clean(s, MAX_INFO_LEN))

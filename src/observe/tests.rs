@@ -15,6 +15,7 @@ fn cfg() -> ObserverConfig {
         actor: "mcp:k1".into(),
         on_behalf_of: None,
         capture: vec![],
+        capture_text: vec![],
         call_timeout: Duration::from_secs(30),
     }
 }
@@ -1025,4 +1026,75 @@ fn duplicate_name_reports_the_last_and_equal_numeric_ids_correlate() {
     assert_eq!(events[0].rec.action, "echo");
     assert_eq!(events[0].status, 200);
     assert_eq!(stats.orphan_responses, 0);
+}
+
+#[test]
+fn a_tool_name_holding_pii_is_reported_as_redacted_and_counted() {
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "notify_+44 20 7946 0958", json!({})));
+    t.send(S2C, 1, ok(json!(1)));
+    t.send(C2S, 2, call(json!(2), "issue_refund", json!({})));
+    t.send(S2C, 3, ok(json!(2)));
+    let (stats, events) = t.finish(5, EndCause::SessionEnd);
+    assert_eq!(events.len(), 2, "the call is still reported");
+    assert_eq!(events[0].rec.action, REDACTED);
+    assert_eq!(events[0].dest.path_template, format!("/{REDACTED}"));
+    assert_eq!(events[1].rec.action, "issue_refund");
+    assert_eq!(stats.redacted_tools, 1);
+    assert_eq!(stats.malformed, 0);
+}
+
+#[test]
+fn prose_under_an_allowed_key_is_withheld_and_counted_unless_opted_in() {
+    let args = json!({"reason": "call John Smith at 221B Baker Street",
+                      "status": "on hold", "currency": "EUR", "amount": 12.5});
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "issue_refund", args.clone()));
+    t.send(S2C, 1, ok(json!(1)));
+    let (stats, events) = t.finish(5, EndCause::SessionEnd);
+    assert_eq!(
+        events[0].rec.fields,
+        Some(
+            json!({"currency": "EUR", "amount": 12.5})
+                .as_object()
+                .cloned()
+                .unwrap_or_default()
+        )
+    );
+    assert_eq!(stats.prose_withheld, 2);
+
+    let mut c = cfg();
+    c.capture_text = vec!["reason".into()];
+    let mut t = T::with(c);
+    t.send(C2S, 0, call(json!(1), "issue_refund", args));
+    t.send(S2C, 1, ok(json!(1)));
+    let (stats, events) = t.finish(5, EndCause::SessionEnd);
+    let fields = events[0].rec.fields.clone().unwrap_or_default();
+    assert_eq!(
+        fields["reason"],
+        json!("call John Smith at 221B Baker Street")
+    );
+    assert!(
+        fields.get("status").is_none(),
+        "only the opted-in key takes prose"
+    );
+    assert_eq!(stats.prose_withheld, 1);
+}
+
+#[test]
+fn a_json_rpc_error_code_holding_a_card_number_is_omitted() {
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "issue_refund", json!({})));
+    t.send(
+        S2C,
+        1,
+        json!({"jsonrpc":"2.0","id":1,"error":{"code":4111111111111111i64,"message":"x"}}),
+    );
+    let (_, events) = t.finish(5, EndCause::SessionEnd);
+    assert_eq!(events.len(), 1, "the event is kept");
+    assert_eq!(
+        events[0].err.as_ref().map(|e| e.kind),
+        Some(ErrKind::Jsonrpc)
+    );
+    assert_eq!(events[0].err.as_ref().and_then(|e| e.code), None);
 }

@@ -177,7 +177,9 @@ pub fn channel() -> (WatchTx, WatchRx) {
 /// random when the process starts and never stored or sent, short lower-case hex. Unkeyed, a
 /// low-entropy session id could be recovered by hashing guesses, and the same session would
 /// carry the same name at every sensor that saw it; keyed per process, a name means nothing
-/// outside the process that made it. The raw value never leaves here.
+/// outside the process that made it. The raw value never leaves here. A name whose digits L4
+/// would read as a card number or an IBAN would get every event of its session rejected by the
+/// filter: it is signed again until clear (deterministic, so a session keeps one name).
 pub struct SessionNamer {
     key: ring::hmac::Key,
 }
@@ -192,7 +194,12 @@ impl SessionNamer {
 
     pub fn name(&self, raw: &[u8]) -> String {
         let tag = ring::hmac::sign(&self.key, raw);
-        crate::event::hex_lower(&tag.as_ref()[..SESSION_HASH_HEX / 2])
+        let mut name = crate::event::hex_lower(&tag.as_ref()[..SESSION_HASH_HEX / 2]);
+        while crate::event::privacy::contains_sensitive(&name) {
+            let tag = ring::hmac::sign(&self.key, name.as_bytes());
+            name = crate::event::hex_lower(&tag.as_ref()[..SESSION_HASH_HEX / 2]);
+        }
+        name
     }
 }
 
@@ -746,6 +753,7 @@ mod tests {
             actor: "mcp:k1".into(),
             on_behalf_of: None,
             capture: vec![],
+            capture_text: vec![],
             call_timeout: Duration::from_secs(30),
         };
         Watcher::new(Observer::new(cfg, Vec::new()), Arc::default())
