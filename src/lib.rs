@@ -21,6 +21,9 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod event;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ingest;
 pub mod log;
 pub mod observe;

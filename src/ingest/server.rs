@@ -211,7 +211,7 @@ async fn read_body(
 
 /// Why a batch was refused as a whole.
 #[derive(Debug)]
-enum BatchError {
+pub(crate) enum BatchError {
     Malformed(String),
     TooMany { got: usize, max: usize },
 }
@@ -235,7 +235,7 @@ fn bounded_str(v: Option<&Value>) -> Option<String> {
 
 /// Parses a batch and runs every event through the shared filter, stamping `org`, `sensor` and
 /// `receivedAt`. Returns the rows to write and how many events were rejected.
-fn prepare_batch(
+pub(crate) fn prepare_batch(
     body: &[u8],
     key: &KeyRecord,
     max_events: usize,
