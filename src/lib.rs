@@ -23,6 +23,9 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod event;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http_client;
 pub mod ingest;
 pub mod log;

@@ -247,7 +247,7 @@ fn batch_error(e: BatchError) -> ApiError {
 /// through the shared filter, stamping `org`, `sensor` and `receivedAt`. Returns the rows to
 /// write and how many events were rejected. Only one event at a time becomes a `Value`, and only
 /// one of at most [`MAX_EVENT_BYTES`].
-fn prepare_batch(
+pub(crate) fn prepare_batch(
     body: &[u8],
     key: &KeyRecord,
     max_events: usize,

@@ -159,6 +159,9 @@ pub struct FrameSplitter {
     limits: Summarize,
     /// `Some(n)`: inside an oversize frame, `n` bytes seen so far.
     oversize: Option<u64>,
+    /// The oversize frame's latest byte is a `\r`: not counted in its length if a `\n` (or
+    /// the end of the stream) follows, even in the next chunk.
+    oversize_cr: bool,
     /// Inside a JSON object frame larger than `whole`.
     large: Option<Large>,
     /// Skipping the damaged remainder of a frame after a gap, up to the next newline.
@@ -222,6 +225,7 @@ impl FrameSplitter {
                 tail,
             },
             oversize: None,
+            oversize_cr: false,
             large: None,
             resync: false,
         }
@@ -248,6 +252,7 @@ impl FrameSplitter {
         if skipped > 0 && !self.resync {
             if let Some(n) = self.oversize.as_mut() {
                 *n += skipped;
+                self.oversize_cr = false;
             } else {
                 let mut l = match self.large.take() {
                     Some(l) => l,
@@ -277,8 +282,11 @@ impl FrameSplitter {
             }
             if let Some(n) = self.oversize.as_mut() {
                 *n += seg.len() as u64;
+                if let Some(&last) = seg.last() {
+                    self.oversize_cr = last == b'\r';
+                }
                 if complete {
-                    let total = trimmed_len(*n, seg);
+                    let total = *n - u64::from(self.oversize_cr);
                     self.oversize = None;
                     out(Split::Oversize(total));
                 }
@@ -308,11 +316,12 @@ impl FrameSplitter {
                 continue;
             }
             if total > self.cap {
+                self.oversize_cr = seg.last().or(self.buf.last()) == Some(&b'\r');
                 self.oversize = Some(total as u64);
                 self.release();
                 if complete {
-                    let total = trimmed_len(self.oversize.take().unwrap_or(0), seg);
-                    out(Split::Oversize(total));
+                    let n = self.oversize.take().unwrap_or(0);
+                    out(Split::Oversize(n - u64::from(self.oversize_cr)));
                 }
                 continue;
             }
@@ -339,7 +348,7 @@ impl FrameSplitter {
             return;
         }
         if let Some(n) = self.oversize.take() {
-            out(Split::Oversize(n));
+            out(Split::Oversize(n - u64::from(self.oversize_cr)));
             return;
         }
         if let Some(l) = self.large.take() {
@@ -372,7 +381,7 @@ impl FrameSplitter {
     }
 }
 
-/// Oversize length without a trailing `\r` (the last segment tells whether it ended in one).
+/// A summarised frame's length without a trailing `\r` (`last_seg`: its latest bytes).
 fn trimmed_len(n: u64, last_seg: &[u8]) -> u64 {
     if last_seg.ends_with(b"\r") {
         n.saturating_sub(1)
@@ -607,6 +616,35 @@ mod tests {
         assert!(s.buffered_capacity() <= 16);
         got.extend(run(&mut s, b"DEF\r\nok\n", false));
         assert_eq!(got, vec![Err(16), Ok(b"ok".to_vec())]);
+    }
+
+    /// Found by the `frames` fuzz target: a CRLF split across two chunks was counted in the
+    /// length of an oversize frame (`]\r` then `\n`, cap 1, 2 instead of 1).
+    #[test]
+    fn oversize_length_excludes_a_line_ending_split_across_chunks() {
+        let limits = Summarize {
+            whole: 0,
+            catalog: 0,
+            head: 0,
+            tail: 0,
+        };
+        let mut s = FrameSplitter::with_limits(1, limits);
+        let mut got = Vec::new();
+        for chunk in [&b"]"[..], b"\r", b"\n"] {
+            got.extend(run(&mut s, chunk, false));
+        }
+        assert_eq!(got, vec![Err(1)]);
+        // The same at the end of the stream, and when the `\r` came after the cap was passed.
+        let mut s = FrameSplitter::new(2);
+        assert!(run(&mut s, b"abc", false).is_empty());
+        assert!(run(&mut s, b"\r", false).is_empty());
+        let mut last = Vec::new();
+        s.flush(|f| {
+            if let Split::Oversize(n) = f {
+                last.push(n)
+            }
+        });
+        assert_eq!(last, vec![3]);
     }
 
     #[test]

@@ -1,0 +1,170 @@
+//! Arbitrary HTTP exchanges through the Streamable HTTP observation path, fed as the reverse
+//! proxy feeds it: request heads, response heads (status, `Mcp-Session-Id`, content type and
+//! encoding), body chunks in both directions cut anywhere (JSON bodies, SSE streams parsed
+//! incrementally), body ends of every kind and unreachable upstreams, for up to eight exchanges
+//! at once in any order; the watcher splits them into messages, assigns session scopes and the
+//! observer correlates them; then the calls still open time out or end with the process.
+//!
+//! Input: records, `op % 8` the kind, `op / 8` its detail (exchange, method, status, content
+//! type, how a body ended, a clock step); a request head and a response head carry one more
+//! byte (session, status, content type), chunks a little-endian `u16` length and that many
+//! bytes. At most [`MAX_MESSAGES`] records, the watch channel's capacity: all are queued
+//! before the watcher runs.
+//!
+//! Asserts: no panic; every event built passes the sensor's own L3 filter and names the
+//! upstream as `dest.host`; with the libFuzzer memory limits, memory stays bounded by the caps.
+
+#![no_main]
+
+use std::time::{Duration, Instant};
+
+use bounded_observe_mcp::event::{filter_event, Event};
+use bounded_observe_mcp::observe::{EndCause, Observer, ObserverConfig, Transport};
+use bounded_observe_mcp::proxy::http::watch::{self, BodyEnd, ReqKind, WatchMsg, WATCH_CAPACITY};
+use bounded_observe_mcp::tap::Direction;
+use bytes::Bytes;
+use http::HeaderValue;
+use libfuzzer_sys::fuzz_target;
+
+const MAX_MESSAGES: usize = WATCH_CAPACITY;
+
+thread_local! {
+    static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+}
+
+const STATUSES: [u16; 8] = [200, 202, 204, 400, 404, 429, 500, 502];
+const CONTENT_TYPES: [Option<&str>; 6] = [
+    Some("application/json"),
+    Some("text/event-stream"),
+    Some("application/json; charset=utf-8"),
+    Some("TEXT/EVENT-STREAM;charset=utf-8"),
+    Some("text/plain"),
+    None,
+];
+const ENCODINGS: [Option<&str>; 3] = [None, Some("identity"), Some("gzip")];
+const KINDS: [ReqKind; 4] = [ReqKind::Post, ReqKind::Post, ReqKind::Get, ReqKind::Delete];
+const ENDS: [BodyEnd; 4] = [
+    BodyEnd::Complete,
+    BodyEnd::Complete,
+    BodyEnd::SourceFailed,
+    BodyEnd::ReaderGone,
+];
+
+fn session(n: u8) -> Option<HeaderValue> {
+    (n % 4 != 0).then(|| HeaderValue::from_str(&format!("sess-{}", n % 4)).expect("a header"))
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut rest = data;
+    let base = Instant::now();
+    let mut clock = Duration::ZERO;
+    let mut msgs = Vec::new();
+    while let Some((&op, r)) = rest.split_first() {
+        rest = r;
+        if msgs.len() >= MAX_MESSAGES {
+            break;
+        }
+        let detail = op >> 3;
+        let ex = u64::from(detail & 7);
+        let seen = base + clock;
+        let msg = match op % 8 {
+            0 => {
+                let Some((&b, r)) = rest.split_first() else {
+                    break;
+                };
+                rest = r;
+                WatchMsg::Request {
+                    ex,
+                    kind: KINDS[usize::from(detail >> 3)],
+                    session: session(b),
+                }
+            }
+            1 => {
+                let Some((&b, r)) = rest.split_first() else {
+                    break;
+                };
+                rest = r;
+                WatchMsg::Response {
+                    ex,
+                    status: STATUSES[usize::from(b & 7)],
+                    session: session(b >> 3),
+                    content_type: CONTENT_TYPES[usize::from(b >> 5) % 6]
+                        .map(HeaderValue::from_static),
+                    content_encoding: ENCODINGS[usize::from(detail >> 3) % 3]
+                        .map(HeaderValue::from_static),
+                    seen,
+                }
+            }
+            k @ (2 | 3) => {
+                let Some((len, r)) = rest.split_first_chunk::<2>() else {
+                    break;
+                };
+                let len = usize::from(u16::from_le_bytes(*len)).min(r.len());
+                let (chunk, r) = r.split_at(len);
+                rest = r;
+                WatchMsg::Chunk {
+                    ex,
+                    dir: if k == 2 {
+                        Direction::ClientToServer
+                    } else {
+                        Direction::ServerToClient
+                    },
+                    seen,
+                    bytes: Bytes::copy_from_slice(chunk),
+                    after_gap: detail >> 3 == 3,
+                }
+            }
+            k @ (4 | 5) => WatchMsg::End {
+                ex,
+                dir: if k == 4 {
+                    Direction::ClientToServer
+                } else {
+                    Direction::ServerToClient
+                },
+                seen,
+                how: ENDS[usize::from(detail >> 3)],
+            },
+            6 => WatchMsg::Unreachable { ex, seen },
+            _ => {
+                clock += Duration::from_millis(u64::from(detail).pow(3) / 4);
+                continue;
+            }
+        };
+        msgs.push(msg);
+    }
+
+    let cfg = ObserverConfig {
+        transport: Transport::Http {
+            host: "127.0.0.1:9999".into(),
+        },
+        server_name: None,
+        actor: "mcp:k_fuzz".into(),
+        on_behalf_of: None,
+        capture: Vec::new(),
+        capture_text: Vec::new(),
+        call_timeout: Duration::from_secs(30),
+    };
+    let observer = Observer::new(cfg, Vec::<Event>::new());
+    let (tx, rx) = watch::channel();
+    for m in msgs {
+        assert!(tx.offer(m), "the channel holds every message queued");
+    }
+    drop(tx);
+    let (mut observer, _totals) = RT.with(|rt| rt.block_on(watch::run(rx, observer)));
+    observer.on_tick(base + clock + Duration::from_secs(31));
+    let (stats, events) =
+        observer.finish(base + clock + Duration::from_secs(40), EndCause::SessionEnd);
+    assert_eq!(stats.events, events.len() as u64);
+    for e in events {
+        assert_eq!(e.dest.host.as_str(), "127.0.0.1:9999");
+        let shown = format!("{e:?}");
+        assert!(
+            filter_event(e).is_ok(),
+            "the sensor's L3 rejects its own event: {shown}"
+        );
+    }
+});
