@@ -54,7 +54,12 @@ pub enum BatchError {
 
 /// Reads a batch of at most `max_events` events.
 pub fn parse(body: &[u8], max_events: usize) -> Result<RawBatch<'_>, BatchError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
+    // Checked whole, first: fields that are skipped rather than read (an unknown `org`) are not
+    // checked for UTF-8 by the parser, and a body with invalid UTF-8 anywhere is malformed (400),
+    // as it was when the whole body became a `Value`.
+    let body = std::str::from_utf8(body)
+        .map_err(|e| BatchError::Malformed(format!("body is not valid UTF-8: {e}")))?;
+    let mut de = serde_json::Deserializer::from_str(body);
     let mut too_many = false;
     let fields = BatchSeed {
         max_events,
@@ -393,6 +398,17 @@ mod tests {
         .expect("batch");
         assert_eq!(ok.events.len(), 2);
         assert_eq!(ok.sensor_version.as_deref(), Some("0.1"));
+    }
+
+    /// Found by the `ingest_batch` fuzz target: invalid UTF-8 in a field the parser skips was
+    /// taken, though the batch is malformed.
+    #[test]
+    fn invalid_utf8_anywhere_is_malformed() {
+        let body = b"{\"v\":2,\"org\":\"e\xff\xffvil\",\"events\":[]}";
+        match parse(body, 3) {
+            Err(BatchError::Malformed(m)) => assert!(m.contains("UTF-8"), "{m}"),
+            other => panic!("taken: {other:?}"),
+        }
     }
 
     #[test]
