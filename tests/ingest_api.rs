@@ -1517,6 +1517,36 @@ async fn events_are_counted_while_reading_and_oversized_events_are_rejected_alon
     ing.stop().await;
 }
 
+/// Found by fuzzing the streaming batch reader. Invalid UTF-8 in a field it skips still makes
+/// the body malformed (400), as it was when the whole body was parsed; a lone surrogate escape,
+/// grammatical JSON that a full parse refuses, inside one event gets that event rejected alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoding_faults_refuse_the_body_or_the_event_they_sit_in() {
+    let ing = start().await;
+    let key = ing.admin.mint("acme", None).await.expect("mint");
+    let auth = format!("Bearer {}", key.token);
+    let good = serde_json::to_string(&refund(1, 1)).expect("json");
+    let body = format!(r#"{{"v":2,"org":"eXXvil","events":[{good}]}}"#)
+        .into_bytes()
+        .into_iter()
+        .map(|b| if b == b'X' { 0xff } else { b })
+        .collect::<Vec<u8>>();
+    let (status, v) = ing.post_raw(Some(&auth), body).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"].as_str().unwrap_or_default().contains("UTF-8"),
+        "{v}"
+    );
+
+    let mut odd = serde_json::to_string(&refund(2, 1)).expect("json");
+    odd.insert_str(1, r#""\ud800":1,"#);
+    let body = format!(r#"{{"v":2,"events":[{good},{odd}]}}"#);
+    let (status, v) = ing.post_raw(Some(&auth), body.into_bytes()).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v, json!({ "accepted": 1, "rejected": 1, "duplicates": 0 }));
+    ing.stop().await;
+}
+
 /// Peak resident set (`VmHWM`) of a process, in KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
