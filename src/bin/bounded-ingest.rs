@@ -302,32 +302,42 @@ async fn serve(
         db.display(),
         keys::signing_secret_path(&db).display()
     );
-    // The line scripts and tests wait for; keep its shape.
+    // The handlers go in before the line scripts and tests wait for (keep its shape): a SIGTERM
+    // sent as soon as it shows must stop the ingest cleanly, not kill it outright.
+    let stop = stop_signal();
     tracing::info!("listening {}", running.base_url());
-    wait_for_signal().await;
+    stop.await;
     tracing::info!("Shutting down");
     running.shutdown().await?;
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// SIGINT or SIGTERM, with both handlers installed before this returns (`ctrl_c()` would
+/// install its own only when first polled).
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let int = signal(SignalKind::interrupt());
+        let term = signal(SignalKind::terminate());
+        async move {
+            match (int, term) {
+                (Ok(mut int), Ok(mut term)) => {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
