@@ -942,13 +942,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("x.db");
         assert_eq!(probe_after_create(&db), Layout::Empty);
+        open_and_close(&db);
+        assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
+        assert_eq!(probe(&db).expect("ours"), Layout::Current { stamped: true });
+    }
+
+    /// Opens the store on `db` (which adopts or sets it up) and closes it cleanly.
+    fn open_and_close(db: &Path) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("rt");
-        let store = Store::open(&db).expect("open");
+        let store = Store::open(db).expect("open");
         rt.block_on(store.close());
-        assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
-        assert_eq!(probe(&db).expect("ours"), Layout::Current { stamped: true });
     }
 
     #[test]
@@ -965,11 +970,7 @@ mod tests {
             probe(&db).expect("ours"),
             Layout::Current { stamped: false }
         );
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("rt");
-        let store = Store::open(&db).expect("open");
-        rt.block_on(store.close());
+        open_and_close(&db);
         assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
     }
 

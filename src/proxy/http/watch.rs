@@ -833,10 +833,9 @@ mod tests {
         }
     }
 
-    /// The last chunk of an answer was dropped: no later chunk carries the gap, but the
-    /// channel's drop counter, bumped before the end was sent, does.
-    #[test]
-    fn dropped_last_chunk_is_known_from_the_drop_counter() {
+    /// A watcher that has seen a whole `tools/call` POST in session `s-1` and the head of its
+    /// JSON answer, and no answer body yet.
+    fn call_answered_with_json_head() -> Watcher<Vec<Event>> {
         let mut w = watcher();
         w.handle(WatchMsg::Request {
             ex: 1,
@@ -853,6 +852,14 @@ mod tests {
             content_encoding: None,
             seen: Instant::now(),
         });
+        w
+    }
+
+    /// The last chunk of an answer was dropped: no later chunk carries the gap, but the
+    /// channel's drop counter, bumped before the end was sent, does.
+    #[test]
+    fn dropped_last_chunk_is_known_from_the_drop_counter() {
+        let mut w = call_answered_with_json_head();
         w.handle(chunk(Direction::ServerToClient, &ANSWER[..20], false));
         w.stats.dropped.fetch_add(1, Ordering::Relaxed);
         w.handle(end(Direction::ServerToClient));
@@ -865,22 +872,7 @@ mod tests {
     /// then too it is unobserved, not a 504.
     #[test]
     fn call_open_across_a_drop_times_out_unobserved() {
-        let mut w = watcher();
-        w.handle(WatchMsg::Request {
-            ex: 1,
-            kind: ReqKind::Post,
-            session: Some(HeaderValue::from_static("s-1")),
-        });
-        w.handle(chunk(Direction::ClientToServer, CALL, false));
-        w.handle(end(Direction::ClientToServer));
-        w.handle(WatchMsg::Response {
-            ex: 1,
-            status: 200,
-            session: None,
-            content_type: Some(HeaderValue::from_static("application/json")),
-            content_encoding: None,
-            seen: Instant::now(),
-        });
+        let mut w = call_answered_with_json_head();
         // The body's chunks and its end were all dropped; the next message is another POST's.
         w.stats.dropped.fetch_add(2, Ordering::Relaxed);
         w.handle(WatchMsg::Request {
