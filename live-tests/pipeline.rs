@@ -10,6 +10,9 @@
 //!
 //! Run: `cargo test --test live` (part of `.ci/run`).
 
+#[path = "../tests/ingest_support/mod.rs"]
+mod ingest_support;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -18,6 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bounded_observe_mcp::ingest::AdminClient;
+use ingest_support::{ingest_command, stderr_lines};
 use serde_json::{json, Value};
 
 /// Upper bound for anything the test waits on (a loaded 2-core machine is slow).
@@ -71,25 +75,16 @@ fn random_hex(bytes: usize) -> String {
 
 /// Starts `bounded-ingest serve --listen 127.0.0.1:0` and returns it with its bound base URL.
 fn serve_local(db: &Path, admin_secret: &str) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bounded-ingest"))
+    let mut child = ingest_command()
         .args(["serve", "--listen", "127.0.0.1:0", "--db"])
         .arg(db)
         .env("BOUNDED_INGEST_ADMIN_SECRET", admin_secret)
-        .env_remove("BOUNDED_INGEST_DB")
-        .env_remove("BOUNDED_INGEST_LISTEN")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn bounded-ingest");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    // Keeps draining stderr for the life of the child so it never blocks on a full pipe.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = stderr_lines(&mut child);
     let deadline = Instant::now() + WAIT;
     let mut seen = Vec::new();
     while Instant::now() < deadline {

@@ -2,12 +2,16 @@
 //! `revoke`), which carries the admin secret out and a fresh sensor token back: a proxy named in
 //! the environment never sees a connection, and a redirect is reported, never followed.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod ingest_support;
+
+use ingest_support::{ingest_command, stderr_lines};
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Generous: the machine is shared and loaded.
@@ -50,19 +54,10 @@ impl Recorder {
     }
 }
 
+/// The ingest with no proxy exemption inherited either: these tests set the proxy variables.
 fn ingest_bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_bounded-ingest"));
-    for v in [
-        "BOUNDED_INGEST_ADMIN_SECRET",
-        "BOUNDED_INGEST_DB",
-        "BOUNDED_INGEST_LISTEN",
-        "BOUNDED_INGEST_BASE",
-        "BOUNDED_INGEST_CA",
-        "NO_PROXY",
-        "no_proxy",
-    ] {
-        c.env_remove(v);
-    }
+    let mut c = ingest_command();
+    c.env_remove("NO_PROXY").env_remove("no_proxy");
     c
 }
 
@@ -77,13 +72,7 @@ fn serve(db: &Path) -> (Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn bounded-ingest");
-    let err = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = stderr_lines(&mut child);
     let deadline = Instant::now() + WAIT;
     while Instant::now() < deadline {
         if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {

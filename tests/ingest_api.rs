@@ -3,7 +3,10 @@
 //! `bounded-ingest` binary for the CLI and restart cases. Every bad-input and attack case of
 //! issue 5 is a test here, and each one also checks that nothing leaked into the store.
 
-use std::io::{BufRead, BufReader};
+mod ingest_support;
+
+use ingest_support::{ingest_command, stderr_lines, INGEST_BIN};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -973,30 +976,17 @@ struct Served {
     _stderr: mpsc::Receiver<String>,
 }
 
-fn ingest_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_bounded-ingest")
-}
-
 /// Starts `bounded-ingest serve` on an ephemeral port and waits for its `listening` line.
 fn serve(db: &Path) -> Served {
-    let mut child = Command::new(ingest_bin())
+    let mut child = ingest_command()
         .args(["serve", "--listen", "127.0.0.1:0", "--db"])
         .arg(db)
-        .env_remove("BOUNDED_INGEST_ADMIN_SECRET")
-        .env_remove("BOUNDED_INGEST_DB")
-        .env_remove("BOUNDED_INGEST_LISTEN")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn bounded-ingest");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = stderr_lines(&mut child);
     let deadline = std::time::Instant::now() + IO_TIMEOUT;
     let mut seen = Vec::new();
     while std::time::Instant::now() < deadline {
@@ -1044,7 +1034,7 @@ impl Served {
 }
 
 fn cli(args: &[&str], db: &Path, base: &str) -> std::process::Output {
-    Command::new(ingest_bin())
+    Command::new(INGEST_BIN)
         .args(args)
         .args(["--ingest", base, "--db"])
         .arg(db)
@@ -1118,7 +1108,7 @@ fn binary_serves_mints_revokes_and_keeps_evidence_across_a_restart() {
     assert_eq!(post(&served.base, 2), 401);
 
     // A wrong admin secret: exit 1 with the ingest's answer, no token printed.
-    let out = Command::new(ingest_bin())
+    let out = Command::new(INGEST_BIN)
         .args(["mint", "--org", "acme", "--ingest", &served.base])
         .env("BOUNDED_INGEST_ADMIN_SECRET", "wrong-secret-0123456789")
         .output()
@@ -1148,12 +1138,12 @@ fn binary_serves_mints_revokes_and_keeps_evidence_across_a_restart() {
 
 #[test]
 fn usage_errors_exit_2() {
-    let out = Command::new(ingest_bin())
+    let out = Command::new(INGEST_BIN)
         .args(["mint"])
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
-    let out = Command::new(ingest_bin())
+    let out = Command::new(INGEST_BIN)
         .args(["serve", "--listen", "not-an-address"])
         .output()
         .expect("run");

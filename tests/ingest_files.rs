@@ -3,6 +3,10 @@
 //! read is warned about at start; a database that is not ours, or of a newer schema, is refused
 //! before anything writes to it, and left byte for byte as it was.
 
+mod ingest_support;
+
+use ingest_support::{ingest_command, stderr_lines, without_ingest_vars, INGEST_BIN};
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -37,27 +41,18 @@ struct Served {
 fn serve(db: &Path) -> Served {
     // The umask is set in a shell in front of the binary: the files' modes must not depend on
     // the umask the test runner happens to have.
-    let mut child = Command::new("sh")
+    let mut child = without_ingest_vars(&mut Command::new("sh"))
         .arg("-c")
         .arg("umask 022 && exec \"$0\" \"$@\"")
-        .arg(env!("CARGO_BIN_EXE_bounded-ingest"))
+        .arg(INGEST_BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--db"])
         .arg(db)
-        .env_remove("BOUNDED_INGEST_ADMIN_SECRET")
-        .env_remove("BOUNDED_INGEST_DB")
-        .env_remove("BOUNDED_INGEST_LISTEN")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn bounded-ingest");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let lines = stderr_lines(&mut child);
     let mut served = Served {
         child,
         lines,
@@ -145,12 +140,9 @@ fn store_and_secret_files_open_to_group_or_others_are_warned_about_at_start() {
 
 /// Runs `bounded-ingest serve` on `db`, which must refuse to start; returns its stderr.
 fn refused(db: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bounded-ingest"))
+    let mut child = ingest_command()
         .args(["serve", "--listen", "127.0.0.1:0", "--db"])
         .arg(db)
-        .env_remove("BOUNDED_INGEST_ADMIN_SECRET")
-        .env_remove("BOUNDED_INGEST_DB")
-        .env_remove("BOUNDED_INGEST_LISTEN")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -3,6 +3,10 @@
 //! only through `--ingest-ca`, and so do `bounded-ingest mint` / `revoke`. Off loopback, plain
 //! HTTP is refused unless `--insecure-plain-http` is given.
 
+mod ingest_support;
+
+use ingest_support::{ingest_command as ingest_bin, stderr_lines};
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -57,20 +61,6 @@ fn make_pki(dir: &Path) -> Pki {
     pki
 }
 
-fn ingest_bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_bounded-ingest"));
-    for v in [
-        "BOUNDED_INGEST_ADMIN_SECRET",
-        "BOUNDED_INGEST_DB",
-        "BOUNDED_INGEST_LISTEN",
-        "BOUNDED_INGEST_BASE",
-        "BOUNDED_INGEST_CA",
-    ] {
-        c.env_remove(v);
-    }
-    c
-}
-
 /// How a `serve` ended up: listening (at this base URL) or exited.
 enum Start {
     Listening {
@@ -93,13 +83,7 @@ fn start_serve(args: &[&std::ffi::OsStr]) -> Start {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn bounded-ingest");
-    let err = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = stderr_lines(&mut child);
     let deadline = Instant::now() + WAIT;
     let mut seen = Vec::new();
     while Instant::now() < deadline {
