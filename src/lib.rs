@@ -30,6 +30,7 @@ pub mod http_client;
 pub mod ingest;
 pub mod log;
 pub mod observe;
+pub mod pace;
 pub mod proxy;
 pub mod report;
 pub mod tap;
@@ -143,13 +144,13 @@ fn run_stdio(cfg: &config::Config) -> i32 {
         return proxy::stdio::StdioProxy::new(program.clone(), args.clone()).run(None, None);
     }
     // One worker: parsing, correlation and reporting are light, and the relay does not run here.
-    // Its threads run below the relay's priority (see observe::priority): on a shared CPU the
+    // Its threads run below the relay's priority (see pace): on a shared CPU the
     // relay always goes first and the observer catches up in the gaps.
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("observe-mcp")
         .on_thread_start(|| {
-            observe::priority::lower_current_thread();
+            pace::lower_current_thread();
         })
         .enable_all()
         .build()
@@ -162,7 +163,7 @@ fn run_stdio(cfg: &config::Config) -> i32 {
         }
     };
     // Observer and reporter share one thread and, on a CPU shared with the relay, one pace.
-    let pacer = std::sync::Arc::new(observe::priority::Pacer::default());
+    let pacer = std::sync::Arc::new(pace::Pacer::default());
     let (queue, reporter) = {
         let _guard = rt.enter();
         report::start(report::ReportConfig {

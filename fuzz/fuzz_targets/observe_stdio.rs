@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bounded_observe_mcp::event::{filter_event, Event};
-use bounded_observe_mcp::observe::priority::Pacer;
+use bounded_observe_mcp::pace::Pacer;
 use bounded_observe_mcp::observe::{
     run_tap_observer, EndCause, Observer, ObserverConfig, Transport,
 };

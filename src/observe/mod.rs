@@ -39,7 +39,7 @@
 //!   [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a small record; requests
 //!   other than `tools/call` are forgotten after the call timeout.
 //! * Priority and tap drops: the observer's threads run in the idle class and, on a CPU shared
-//!   with the relay while traffic flows, in short paced slices ([`priority`]); they fall
+//!   with the relay while traffic flows, in short paced slices ([`crate::pace`]); they fall
 //!   behind the relay under sustained load on a shared CPU; if they fall more than the tap's
 //!   budget behind, the tap drops. A call open during a server→client drop that then ends
 //!   unanswered makes no event ([`ObserverStats::unobserved`]): its answer may have been dropped.
@@ -51,7 +51,6 @@ pub mod catalog;
 pub mod correlate;
 pub mod frame;
 pub mod peek;
-pub mod priority;
 pub mod summary;
 
 use std::collections::{HashMap, VecDeque};
@@ -64,8 +63,8 @@ use crate::event::privacy::{Capture, CapturePolicy};
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
 };
+use crate::pace::Pacer;
 use crate::tap::{Direction, Drained, TapMsg, TapReceiver};
-use priority::Pacer;
 
 use catalog::Catalog;
 use correlate::{state_digest, Action, ActionState, Key, Outcome, Pending, PendingKind};
@@ -1383,7 +1382,7 @@ fn settled(rx: &TapReceiver, left: &[usize; 2]) -> [bool; 2] {
 }
 
 /// How the observer keeps pace with what it shares: the reporter's queue (how long it has been
-/// waiting for room, see [`pace_to_sink`]) and the CPU (see [`priority::Pacer`]).
+/// waiting for room, see [`pace_to_sink`]) and the CPU (see [`crate::pace::Pacer`]).
 struct Pace<'a> {
     stalled: Option<Instant>,
     pacer: &'a Pacer,
@@ -1416,7 +1415,7 @@ async fn release_paced<S: EventSink>(
 /// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
 /// timeouts every [`TICK`]. Takes everything queued per look and lingers between looks (see
 /// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up. Tells
-/// `pacer` whether traffic flows and lets it pace every frame (see [`priority::Pacer`]).
+/// `pacer` whether traffic flows and lets it pace every frame (see [`crate::pace::Pacer`]).
 pub async fn run_tap_observer<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,

@@ -73,8 +73,8 @@ impl T {
 }
 
 /// The observer on a CPU of its own: it never rests.
-fn no_pacing() -> std::sync::Arc<priority::Pacer> {
-    std::sync::Arc::new(priority::Pacer::new(false))
+fn no_pacing() -> std::sync::Arc<crate::pace::Pacer> {
+    std::sync::Arc::new(crate::pace::Pacer::new(false))
 }
 
 fn call(id: Value, tool: &str, args: Value) -> Value {
@@ -968,7 +968,7 @@ async fn a_paced_observer_rests_while_traffic_flows_and_loses_nothing() {
     const PER_CHUNK: u64 = 50;
     let (mut c2s, mut s2c, rx, stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
     // As on a CPU shared with the relay, whatever this machine has.
-    let pacer = std::sync::Arc::new(priority::Pacer::new(true));
+    let pacer = std::sync::Arc::new(crate::pace::Pacer::new(true));
     let task = tokio::spawn(run_tap_observer(
         rx,
         Observer::new(cfg(), Vec::new()),

@@ -103,8 +103,8 @@ pub(crate) struct Batcher {
     pub(crate) published: Arc<Mutex<ReportStats>>,
     /// The batch being filled: its events already filtered and serialised.
     pub(crate) buf: BatchBody,
-    /// Rests this thread with the observer's on a shared CPU (see `observe::priority::Pacer`).
-    pub(crate) pacer: Option<Arc<crate::observe::priority::Pacer>>,
+    /// Rests this thread with the observer's on a shared CPU (see [`crate::pace::Pacer`]).
+    pub(crate) pacer: Option<Arc<crate::pace::Pacer>>,
     /// A filtered event that would have taken the batch past [`MAX_BATCH_BYTES`]: the batch is
     /// sent first, and this event opens the next one.
     pub(crate) overflow: Option<Event>,

@@ -80,7 +80,7 @@ pub struct ReportConfig {
     pub ingest_ca: Vec<rustls::pki_types::CertificateDer<'static>>,
     /// Paces the reporter with the observer when both run on a CPU shared with the relay
     /// (stdio); `None` where there is no tap to tell whether traffic flows (HTTP).
-    pub pacer: Option<Arc<crate::observe::priority::Pacer>>,
+    pub pacer: Option<Arc<crate::pace::Pacer>>,
 }
 
 /// The observer's handle on the queue.
