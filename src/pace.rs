@@ -1,52 +1,31 @@
-//! The observer's CPU priority: the threads that observe and report run below the relay.
+//! Pacing: how observation yields the CPU to the relay. Used by the observer and the reporter
+//! (they share one runtime thread), owned by neither.
 //!
-//! Owns one call, made on each of the observer runtime's threads as it starts. On a CPU the
-//! relay shares with the observer (one core, or a pinned session), the scheduler then always
-//! gives the CPU to a relay thread that has bytes to forward, and the observer works off its
-//! backlog in the gaps; the tap's byte budget (`crate::tap::TAP_BUDGET_BYTES`) is how far
-//! behind it may fall. Timestamps are the relay's, so observing later changes no `dur_ms`.
-//! Must never fail the session: if the priority cannot be lowered the observer runs as before.
+//! Owns [`lower_current_thread`], called on each of the observer runtime's threads as it starts
+//! (idle scheduling class, nice [`OBSERVER_NICE`] underneath), and [`Pacer`]: on a CPU shared
+//! with the relay while traffic flows, the observer works in slices of at most [`PACE_SLICE`] of
+//! CPU and rests [`PACE_REST`] after each; within [`PACE_RECENT`] of new chunks it yields instead
+//! of resting; past that, and once the session is closing, it works flat out. So the relay always
+//! goes first and the observer catches up in the gaps; the tap's byte budget
+//! (`crate::tap::TAP_BUDGET_BYTES`) bounds how far behind it may fall, and calls lost to tap drops
+//! are counted as unobserved, never given a false status. Timestamps are the relay's, so
+//! observing later changes no `dur_ms`. Must never fail the session (if the priority cannot be
+//! lowered the observer runs as before) and never slow the relay.
 //!
-//! The class is `SCHED_IDLE` (with nice 19 underneath, which is what remains if the idle class
-//! is refused). A nice-19 thread that wakes up may still preempt a relay thread and run out its
-//! time slice first: in the benchmark that showed as sequential calls stalled for 2–5 ms. An
-//! idle-class thread never preempts a normal one on wake-up. It is not, though, kept off the CPU
-//! while normal threads are runnable: the fair scheduler (EEVDF, Linux 6.6 on) still picks it
-//! when it is owed time and the runnable normal threads are not yet eligible, and it then keeps
-//! the CPU until the next tick. Traced on one pinned CPU (`perf sched`), the observer ran 5 ms
-//! in one stretch while the MCP server waited, runnable, the whole time. So on a shared CPU the
-//! observer also paces itself ([`Pacer`]): while it and the relay take turns on the CPU (the
-//! relay handed the tap new chunks since the observer's previous look), it works in slices of
-//! at most [`PACE_SLICE`] of CPU and rests [`PACE_REST`] after each. Within [`PACE_RECENT`] of
-//! such a look it also works in slices, but steps aside after each with `sched_yield` instead of
-//! sleeping: that catches the stretch in which the relay cannot hand anything over because the
-//! observer holds the CPU, without a timer. (Sleeping there too was measured: it took the
-//! observer's CPU inside a pinned pipelined burst from ~0.13 to ~0.01 µs per call, but the rests'
-//! timer wake-ups cost sequential calls their p99, added p99 1.2–2.0 × the minimal relay's in five
-//! sets. A yield costs no timer; with it the observer's CPU in that window went to ~0.00 µs per
-//! call and added p99 stayed 0.95–1.02, three 5-run sets each against the rule without it.)
-//! The yield only helps when a runnable normal thread is eligible to run; when the observer is
-//! the only one the scheduler owes time, it is picked again, and the next slice starts. Past
-//! [`PACE_RECENT`], and once the session is closing, it works flat out.
-//!
-//! The price: on a CPU kept busy by the relay the observer gets a smaller share, so a long
-//! enough burst can outrun it; then the tap's byte budget bounds the backlog, and the calls it
-//! drops are counted as unobserved, never given a false status. Unprivileged threads cannot leave the idle class
-//! again, so this is decided once, at thread start. Known cost: the observer holds the tap's
-//! lock for a queue swap; preempted inside it while other work keeps the CPU busy, it makes a
-//! relay thread that needs the lock wait up to a scheduling slice (a few ms). Measured, that is
-//! rarer and shorter than the nice-19 wake-up preemptions it replaces; a lock-free tap would
-//! remove it.
+//! Why idle class plus pacing, the scheduler traces and the rejected variants (nice alone,
+//! sleeping instead of yielding): `bench/README.md`, "Pacing the observer".
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// How far below the default (0) the observer's threads run. See the module doc for the choice.
+/// How far below the default (0) the observer's threads run: what remains if the idle class is
+/// refused.
 pub const OBSERVER_NICE: i32 = 19;
 
 /// Puts the calling thread in the idle scheduling class, at [`OBSERVER_NICE`]. On Linux both
 /// calls apply to that thread only (threads are scheduled entities there); elsewhere they would
 /// change the whole process, relay included, so it does nothing. Returns whether either was set.
+/// Call it once, at thread start: an unprivileged thread cannot leave the idle class again.
 pub fn lower_current_thread() -> bool {
     #[cfg(target_os = "linux")]
     {
