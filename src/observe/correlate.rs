@@ -1,21 +1,57 @@
-//! Correlation state: which requests are waiting for which answers, and what an answer means.
+//! Correlation: which requests are waiting for which answers, and which action an answer ends.
 //!
 //! Owns the key requests are matched by — (scope, direction the request travelled, id), never the
 //! id alone, because a server→client request may reuse an id the client used (DESIGN §2a, §9);
-//! ids compare as servers compare them, equal numbers equal however written ([`RpcId`]) —
-//! the [`Action`] record of one `tools/call` (which may span several 2026-07-28 `input_required`
-//! rounds), and the mapping from an ending to status, class and `err` (DESIGN §4 table). Holds
-//! metadata only: tool name, timings, sizes and already-filtered captured fields.
+//! ids compare as servers compare them, equal numbers equal however written ([`RpcId`]) — the
+//! pending requests, the early responses, and the [`Action`] record of one `tools/call` from its
+//! first request to its final result. Server→client requests (sampling, roots, elicitation) are
+//! matched in their own direction, so neither they nor the client's answers to them are ever
+//! taken for a tool result. Holds metadata only (tool name, timings, sizes, already-filtered
+//! captured fields), plus copies of responses that came before their request, for at most
+//! [`EARLY_RESPONSE_GRACE`] and [`EARLY_RESPONSE_BYTES`] in all; past [`MAX_PENDING`] open
+//! requests it tracks no new ones but tool calls. What an answer means is [`super::outcome`]'s.
+//!
+//! * **Call timeout** (`--call-timeout-ms`, default [`crate::config::DEFAULT_CALL_TIMEOUT`]): a
+//!   `tools/call` with no answer that long after its latest request round ends as 504 `timeout`,
+//!   checked by [`Observer::on_tick`] about once a second. A call still open when the session
+//!   ends is 504 too ([`super::EndCause::SessionEnd`]), or 502 `transport` when the server went
+//!   away.
+//! * **2026-07-28 multi round-trip**: a result with `resultType` `"input_required"` (or the
+//!   draft's `"incomplete"`) does not end the action. The client's retry (a new id) joins it when
+//!   it echoes the `requestState` the server sent (matched by digest, in any scope), or else, when
+//!   it carries `requestState`/`inputResponses`, when it calls the same tool as an action waiting
+//!   for input in the same scope (oldest first) or in a scope that has ended (stateless HTTP,
+//!   where every POST is its own scope). A `tools/call` with neither field is always a new action.
+//!   The one event spans the first request to the final result; `bytes` sums every round.
+//!   An action whose retry never comes ends as 504 after the call timeout.
 
 use std::hash::{Hash, Hasher};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
 
-use super::peek::RpcId;
-use super::StreamId;
-use crate::event::{ErrKind, EventClass, EventErr, Session};
+use crate::event::privacy::Capture;
+use crate::event::{EventSink, Session, SharedStr};
 use crate::tap::Direction;
+
+use super::assemble::{clean, tool_name, wall_clock, MAX_INFO_LEN};
+use super::observer::{Observer, Size};
+use super::outcome::Outcome;
+use super::peek::{lenient_str, peek, Lenient, Peek, RpcId};
+use super::StreamId;
+
+/// Most requests tracked at once; beyond it new non-tool requests are not tracked (bounds memory
+/// against a peer that never answers). Tool calls are always tracked.
+pub const MAX_PENDING: usize = 100_000;
+
+/// How long a response whose request has not been observed yet is kept. The relay hands each
+/// direction to the tap *after* forwarding it, so on a loaded machine a response can reach the
+/// observer just before its request (the client→server thread was preempted between its write
+/// and its hand-off). Timestamps are taken at read time and stay right; only arrival order flips.
+pub const EARLY_RESPONSE_GRACE: Duration = Duration::from_secs(2);
+
+/// Most bytes held for such early responses; beyond it they are counted as orphans at once.
+pub const EARLY_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A request's identity: the scope it was seen in, the direction it travelled, its id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,68 +133,6 @@ pub struct Action {
     pub state: ActionState,
 }
 
-/// How an action ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Success,
-    /// `result.isError: true`.
-    ToolError,
-    /// A JSON-RPC error response with this code (`None`: the code was missing or not an integer).
-    JsonRpc(Option<i64>),
-    Timeout,
-    Cancelled,
-    Transport,
-    /// HTTP: the upstream answered with this non-2xx status.
-    HttpStatus(u16),
-}
-
-/// JSON-RPC error code → HTTP-ish status (DESIGN §4).
-pub fn status_for_jsonrpc_code(code: Option<i64>) -> u16 {
-    match code {
-        Some(-32700) | Some(-32600) | Some(-32602) => 400,
-        Some(-32601) => 404,
-        _ => 500,
-    }
-}
-
-impl Outcome {
-    pub fn status(self) -> u16 {
-        match self {
-            Outcome::Success => 200,
-            Outcome::ToolError => 500,
-            Outcome::JsonRpc(code) => status_for_jsonrpc_code(code),
-            Outcome::Timeout => 504,
-            Outcome::Cancelled => 499,
-            Outcome::Transport => 502,
-            Outcome::HttpStatus(s) => s,
-        }
-    }
-
-    pub fn class(self) -> EventClass {
-        match self {
-            Outcome::Success => EventClass::Action,
-            _ => EventClass::Error,
-        }
-    }
-
-    pub fn err(self) -> Option<EventErr> {
-        let (kind, code) = match self {
-            Outcome::Success => return None,
-            Outcome::ToolError => (ErrKind::Tool, None),
-            // A code whose digits L4 reads as a card number would get the event rejected by
-            // the filter: it is omitted, the kind and status still say what happened.
-            Outcome::JsonRpc(code) => (
-                ErrKind::Jsonrpc,
-                code.filter(|c| !crate::event::privacy::number_is_sensitive(&(*c).into())),
-            ),
-            Outcome::Timeout => (ErrKind::Timeout, None),
-            Outcome::Cancelled => (ErrKind::Cancelled, None),
-            Outcome::Transport | Outcome::HttpStatus(_) => (ErrKind::Transport, None),
-        };
-        Some(EventErr { kind, code })
-    }
-}
-
 /// SHA-256 of an echoed `requestState`.
 pub fn state_digest(state: &str) -> [u8; 32] {
     let d = ring::digest::digest(&ring::digest::SHA256, state.as_bytes());
@@ -167,33 +141,417 @@ pub fn state_digest(state: &str) -> [u8; 32] {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A response kept until its request is observed (see [`EARLY_RESPONSE_GRACE`]).
+pub(super) struct Early {
+    /// A copy of the message (of its skeleton, for a summarised frame).
+    pub(super) msg: Vec<u8>,
+    pub(super) seen: Instant,
+    pub(super) size: Size,
+}
 
-    #[test]
-    fn status_table_matches_the_design() {
-        assert_eq!(Outcome::Success.status(), 200);
-        assert_eq!(Outcome::ToolError.status(), 500);
-        for c in [-32700, -32600, -32602] {
-            assert_eq!(Outcome::JsonRpc(Some(c)).status(), 400);
-        }
-        assert_eq!(Outcome::JsonRpc(Some(-32601)).status(), 404);
-        assert_eq!(Outcome::JsonRpc(Some(-32603)).status(), 500);
-        assert_eq!(Outcome::JsonRpc(Some(-32042)).status(), 500);
-        assert_eq!(Outcome::JsonRpc(None).status(), 500);
-        assert_eq!(Outcome::Timeout.status(), 504);
-        assert_eq!(Outcome::Cancelled.status(), 499);
-        assert_eq!(Outcome::Transport.status(), 502);
-        assert_eq!(Outcome::HttpStatus(503).status(), 503);
-        assert_eq!(Outcome::Success.class(), EventClass::Action);
-        assert!(Outcome::Success.err().is_none());
-        assert_eq!(
-            Outcome::JsonRpc(Some(-32601)).err(),
-            Some(EventErr {
-                kind: ErrKind::Jsonrpc,
-                code: Some(-32601)
+fn opposite(d: Direction) -> Direction {
+    match d {
+        Direction::ClientToServer => Direction::ServerToClient,
+        Direction::ServerToClient => Direction::ClientToServer,
+    }
+}
+
+impl<S: EventSink> Observer<S> {
+    /// Early responses whose request never came are orphans (all of them when `now` is None).
+    pub(super) fn expire_early(&mut self, now: Option<Instant>) {
+        let stale: Vec<Key> = self
+            .early
+            .iter()
+            .filter(|(_, e)| {
+                now.is_none_or(|n| n.saturating_duration_since(e.seen) > EARLY_RESPONSE_GRACE)
             })
-        );
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            if let Some(e) = self.early.remove(&k) {
+                self.early_bytes -= e.msg.len();
+                self.count_orphan(k.dir);
+            }
+        }
+    }
+
+    fn count_orphan(&mut self, request_dir: Direction) {
+        self.stats.orphan_responses += 1;
+        if !self.warned.orphan {
+            self.warned.orphan = true;
+            tracing::warn!(
+                direction = opposite(request_dir).label(),
+                "A response matches no pending request (unknown or repeated id)"
+            );
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_request(
+        &mut self,
+        scope: StreamId,
+        dir: Direction,
+        seen: Instant,
+        method: &str,
+        id: RpcId,
+        p: &Peek<'_>,
+        len: u64,
+    ) {
+        let key = Key { scope, dir, id };
+        if self.pending.contains_key(&key) {
+            self.stats.duplicate_ids += 1;
+            if !self.warned.duplicate {
+                self.warned.duplicate = true;
+                tracing::warn!(
+                    direction = dir.label(),
+                    "A request reuses the id of a request still pending: the first one is kept"
+                );
+            }
+            return;
+        }
+        let params = p.params.ok();
+        if dir == Direction::ClientToServer {
+            self.note_client_meta(scope, p);
+        }
+        let kind = match (dir, method) {
+            (Direction::ClientToServer, "tools/call") => {
+                match self.start_round(scope, seen, &key, p, len) {
+                    Some(aid) => {
+                        if let Some(calls) = &mut self.started_calls {
+                            calls.push(key.id.clone());
+                        }
+                        PendingKind::ToolCall(aid)
+                    }
+                    None => {
+                        self.count_malformed();
+                        PendingKind::Other
+                    }
+                }
+            }
+            (Direction::ClientToServer, "tools/list") => PendingKind::ToolsList {
+                first_page: params.is_none_or(|p| matches!(p.cursor, Lenient::Absent)),
+            },
+            (Direction::ClientToServer, "initialize") => {
+                if let Some(params) = params {
+                    let info = self.scopes.entry(scope).or_default();
+                    if let Some(v) = lenient_str(&params.protocol_version) {
+                        info.protocol_requested = clean(v, MAX_INFO_LEN).map(SharedStr::from);
+                    }
+                    if let Some(n) = params.client_info.ok().and_then(|c| lenient_str(&c.name)) {
+                        info.client = clean(n, MAX_INFO_LEN).map(SharedStr::from);
+                    }
+                }
+                PendingKind::Initialize
+            }
+            (Direction::ClientToServer, "server/discover") => PendingKind::Discover,
+            _ => PendingKind::Other,
+        };
+        if matches!(kind, PendingKind::ToolCall(_)) || self.pending.len() < MAX_PENDING {
+            // Nearly always empty: skip hashing the key for it.
+            let early = if self.early.is_empty() {
+                None
+            } else {
+                self.early.remove(&key)
+            };
+            if let Some(e) = &early {
+                self.early_bytes -= e.msg.len();
+            }
+            // Only a response read after this request was sent can answer it; an older one is a
+            // stale answer to an earlier use of the id.
+            let early = match early {
+                Some(e) if e.seen >= seen => Some(e),
+                Some(_) => {
+                    self.count_orphan(dir);
+                    None
+                }
+                None => None,
+            };
+            if let Some(e) = early {
+                self.pending.insert(key.clone(), Pending { kind, seen });
+                if let Ok(p) = peek(&e.msg) {
+                    if let Lenient::Ok(id) = p.id.clone() {
+                        self.on_response(scope, opposite(dir), e.seen, id, &p, &e.msg, e.size);
+                    }
+                }
+            } else {
+                self.pending.insert(key, Pending { kind, seen });
+            }
+        }
+    }
+
+    /// A `tools/call` request: a new action, or the retry round of one waiting for input.
+    /// `None` if the request is malformed (no usable tool name).
+    fn start_round(
+        &mut self,
+        scope: StreamId,
+        seen: Instant,
+        key: &Key,
+        p: &Peek<'_>,
+        len: u64,
+    ) -> Option<u64> {
+        let params = p.params.ok()?;
+        let (tool, redacted) = tool_name(lenient_str(&params.name)?)?;
+        let meta = params.meta.ok();
+        let echoed_state = lenient_str(&params.request_state)
+            .or_else(|| meta.and_then(|m| lenient_str(&m.request_state)));
+        let is_retry = echoed_state.is_some() || params.input_responses.is_some();
+        if is_retry {
+            if let Some(aid) = self.find_waiting(scope, &tool, echoed_state) {
+                if let Some(a) = self.actions.get_mut(&aid) {
+                    a.state = ActionState::InFlight(key.clone());
+                    a.scope = scope;
+                    a.scope_open = true;
+                    a.last_activity = seen;
+                    a.bytes_req += len;
+                    a.rounds += 1;
+                    return Some(aid);
+                }
+            }
+        }
+
+        if redacted {
+            self.stats.redacted_tools += 1;
+        }
+        let mut prose = 0u64;
+        let fields = params.arguments.ok().map(|args| {
+            let mut m = Map::new();
+            for (k, v) in &args.0 {
+                if m.len() >= crate::event::privacy::MAX_FIELDS {
+                    break;
+                }
+                match v.as_scalar().map(|s| self.policy.decide(k, s)) {
+                    Some(Capture::Kept(val)) => {
+                        m.insert(k.to_string(), val);
+                    }
+                    Some(Capture::Prose) => prose += 1,
+                    Some(Capture::Dropped) | None => {}
+                }
+            }
+            m
+        });
+        self.stats.prose_withheld += prose;
+        let on_behalf_of = meta
+            .and_then(|m| lenient_str(&m.on_behalf_of))
+            .and_then(|s| clean(s, MAX_INFO_LEN))
+            .or_else(|| {
+                self.cfg
+                    .on_behalf_of
+                    .as_deref()
+                    .and_then(|s| clean(s, MAX_INFO_LEN))
+            });
+        let aid = self.next_action;
+        self.next_action += 1;
+        let action = Action {
+            scope,
+            scope_open: true,
+            tool,
+            started: seen,
+            started_wall: wall_clock(seen),
+            last_activity: seen,
+            fields: fields.filter(|f| !f.is_empty()),
+            on_behalf_of,
+            registry_version: self.catalog.version().map(str::to_string),
+            session: self.session_for(scope),
+            bytes_req: len,
+            bytes_resp: 0,
+            rounds: 1,
+            state: ActionState::InFlight(key.clone()),
+        };
+        self.actions.insert(aid, action);
+        Some(aid)
+    }
+
+    /// The action a 2026-07-28 retry continues (see the module docs for the rule).
+    fn find_waiting(&self, scope: StreamId, tool: &str, echoed: Option<&str>) -> Option<u64> {
+        let waiting = || {
+            self.actions
+                .iter()
+                .filter(|(_, a)| matches!(a.state, ActionState::AwaitingInput { .. }))
+        };
+        if let Some(state) = echoed {
+            let d = state_digest(state);
+            let hit = waiting()
+                .find(|(_, a)| a.state == ActionState::AwaitingInput { state: Some(d) })
+                .map(|(id, _)| *id);
+            if hit.is_some() {
+                return hit;
+            }
+        }
+        let oldest = |same_scope: bool| {
+            waiting()
+                .filter(|(_, a)| a.tool == tool)
+                .filter(|(_, a)| {
+                    if same_scope {
+                        a.scope == scope
+                    } else {
+                        !a.scope_open
+                    }
+                })
+                .min_by_key(|(id, a)| (a.started, **id))
+                .map(|(id, _)| *id)
+        };
+        oldest(true).or_else(|| oldest(false))
+    }
+
+    pub(super) fn on_notification(
+        &mut self,
+        scope: StreamId,
+        dir: Direction,
+        seen: Instant,
+        method: &str,
+        p: &Peek<'_>,
+    ) {
+        match method {
+            "notifications/cancelled" => {
+                let Some(params) = p.params.ok() else {
+                    return self.count_malformed();
+                };
+                let Lenient::Ok(id) = &params.request_id else {
+                    return self.count_malformed();
+                };
+                // The sender of a cancellation is the sender of the request it cancels.
+                let key = Key {
+                    scope,
+                    dir,
+                    id: id.clone(),
+                };
+                if let Some(pending) = self.pending.remove(&key) {
+                    if let PendingKind::ToolCall(aid) = pending.kind {
+                        self.finish_action(aid, Outcome::Cancelled, seen);
+                    }
+                }
+            }
+            "notifications/tools/list_changed" if dir == Direction::ServerToClient => {
+                self.catalog.invalidate();
+                self.catalog_changed(seen);
+            }
+            _ => {}
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_response(
+        &mut self,
+        scope: StreamId,
+        dir: Direction,
+        seen: Instant,
+        id: RpcId,
+        p: &Peek<'_>,
+        msg: &[u8],
+        size: Size,
+    ) {
+        let key = Key {
+            scope,
+            dir: opposite(dir),
+            id,
+        };
+        let Some(pending) = self.pending.remove(&key) else {
+            let fits = self.early_bytes + msg.len() <= EARLY_RESPONSE_BYTES;
+            if fits && !self.early.contains_key(&key) {
+                self.early_bytes += msg.len();
+                let msg = msg.to_vec();
+                self.early.insert(key, Early { msg, seen, size });
+            } else {
+                self.count_orphan(key.dir);
+            }
+            return;
+        };
+        match pending.kind {
+            PendingKind::ToolCall(aid) => self.on_tool_response(aid, seen, p, size.len, &key),
+            PendingKind::ToolsList { .. } if size.partial => {
+                // Only part of the catalog was seen: no version is better than a wrong one.
+                self.catalog.invalidate();
+                self.catalog_changed(seen);
+                if !self.warned.partial_catalog {
+                    self.warned.partial_catalog = true;
+                    tracing::warn!(
+                        len = size.len,
+                        "A tools/list page is larger than the observer reads whole: \
+                         registryVersion is left out until a smaller list"
+                    );
+                }
+            }
+            PendingKind::ToolsList { first_page } => {
+                if matches!(p.result, Lenient::Ok(_)) {
+                    let before = self.catalog.version().map(str::to_string);
+                    self.catalog.on_list_response(msg, first_page);
+                    if self.catalog.version().map(str::to_string) != before {
+                        self.catalog_changed(seen);
+                    }
+                }
+            }
+            PendingKind::Initialize | PendingKind::Discover => {
+                let Some(r) = p.result.ok() else { return };
+                let info = r
+                    .server_info
+                    .ok()
+                    .or_else(|| r.meta.ok().and_then(|m| m.server_info.ok()));
+                if let Some(n) = info.and_then(|i| lenient_str(&i.name)) {
+                    if let Some(n) = clean(n, MAX_INFO_LEN) {
+                        self.server_name = Some(n);
+                        self.refresh_host();
+                    }
+                }
+                if pending.kind == PendingKind::Initialize {
+                    if let Some(v) = lenient_str(&r.protocol_version) {
+                        self.scopes.entry(scope).or_default().protocol_negotiated =
+                            clean(v, MAX_INFO_LEN).map(SharedStr::from);
+                    }
+                }
+            }
+            PendingKind::Other => {}
+        }
+    }
+
+    /// The catalog changed on the wire at `seen`: calls that started after that instant but were
+    /// observed first (cross-direction arrival order, see [`EARLY_RESPONSE_GRACE`]) were made
+    /// against the new catalog.
+    fn catalog_changed(&mut self, seen: Instant) {
+        let v = self.catalog.version().map(str::to_string);
+        for a in self
+            .actions
+            .values_mut()
+            .filter(|a| a.started >= seen && a.rounds == 1)
+        {
+            a.registry_version = v.clone();
+        }
+    }
+
+    /// `answered`: the request key whose pending entry the caller already removed.
+    fn on_tool_response(
+        &mut self,
+        aid: u64,
+        seen: Instant,
+        p: &Peek<'_>,
+        len: u64,
+        answered: &Key,
+    ) {
+        let Some(a) = self.actions.get_mut(&aid) else {
+            return;
+        };
+        a.bytes_resp += len;
+        let outcome = if let Lenient::Ok(e) = &p.error {
+            Outcome::JsonRpc(e.code.ok().copied())
+        } else if let Lenient::Ok(r) = &p.result {
+            let rt = lenient_str(&r.result_type);
+            if matches!(rt, Some("input_required") | Some("incomplete")) {
+                a.state = ActionState::AwaitingInput {
+                    state: lenient_str(&r.request_state).map(state_digest),
+                };
+                a.last_activity = seen;
+                return;
+            }
+            if r.is_error == Lenient::Ok(true) {
+                Outcome::ToolError
+            } else {
+                Outcome::Success
+            }
+        } else {
+            // An answer without a usable result or error: the server did answer, so the call
+            // is over; the oddity is counted.
+            self.count_malformed();
+            Outcome::Success
+        };
+        self.finish_action_answered(aid, outcome, seen, Some(answered));
     }
 }

@@ -46,6 +46,11 @@ impl<T> Lenient<T> {
     }
 }
 
+/// The string a lenient string field holds, if it holds one of the expected type.
+pub(super) fn lenient_str<'a>(l: &'a Lenient<Cow<'_, str>>) -> Option<&'a str> {
+    l.ok().map(|c| c.as_ref())
+}
+
 /// A JSON-RPC id, keyed as a server compares ids: equal numbers are one id however they are
 /// written (`1`, `1.0`, `1e0`, `10E-1`), and a string is never a number (`"1"` ≠ `1`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

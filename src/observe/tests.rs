@@ -4,8 +4,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::frame::Split;
 use super::*;
-use crate::event::{filter_event, ErrKind, EventClass};
+use crate::event::filter::REDACTED;
+use crate::event::{filter_event, ErrKind, Event, EventClass};
+use crate::tap::Direction;
 use crate::tap::Direction::{ClientToServer as C2S, ServerToClient as S2C};
 
 fn cfg() -> ObserverConfig {

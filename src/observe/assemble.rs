@@ -1,0 +1,235 @@
+//! Event assembly: an ended action becomes one [`Event`], or a count when no honest event can
+//! be made.
+//!
+//! Owns what an event carries besides its outcome: `dest.host` (the upstream, or `mcp://` and
+//! the server's name), the session facts of each scope (id, protocol, client), the tool name,
+//! the captured arguments (the capture policy decides), `onBehalfOf`, timings and sizes. Every
+//! string it puts in is short, single-line and holds nothing the L4 scrubber removes
+//! ([`clean`]), so its events pass the L3 filter unchanged. Must never put a request or response
+//! value in an event except allow-listed scalar arguments, and never make an event for a call
+//! whose answer may have been dropped on the way to the observer (DESIGN §2 invariant 10): that
+//! call is counted as unobserved instead.
+
+use std::time::{Instant, SystemTime};
+
+use crate::event::filter::REDACTED;
+use crate::event::{
+    new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
+};
+
+use super::correlate::{ActionState, Key};
+use super::observer::Observer;
+use super::outcome::Outcome;
+use super::peek::{lenient_str, Peek};
+use super::{ObserverConfig, StreamId, Transport};
+
+/// Longest tool name accepted (the MCP spec recommends at most 128 characters).
+pub const MAX_TOOL_NAME: usize = 128;
+
+/// Longest server name, client name or protocol string kept.
+pub(super) const MAX_INFO_LEN: usize = 128;
+
+/// Per-scope session facts.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ScopeInfo {
+    pub(super) session_id: Option<SharedStr>,
+    /// From the `initialize` result (negotiated).
+    pub(super) protocol_negotiated: Option<SharedStr>,
+    /// From the `initialize` request or a 2026-07-28 request's `_meta`.
+    pub(super) protocol_requested: Option<SharedStr>,
+    pub(super) client: Option<SharedStr>,
+}
+
+/// `dest.host`: the upstream (HTTP), or `mcp://` and the server's name (stdio): `--name`, else
+/// the `serverInfo.name` learned (`learned`), else the default. A host that holds a value L4
+/// removes (an upstream at a public IP address) is sent as [`REDACTED`], which the filter keeps.
+pub(super) fn dest_host(cfg: &ObserverConfig, learned: Option<&str>) -> SharedStr {
+    let host = match &cfg.transport {
+        Transport::Stdio => {
+            let server = cfg
+                .server_name
+                .as_deref()
+                .or(learned)
+                .unwrap_or(crate::config::DEFAULT_SERVER_NAME);
+            format!("mcp://{server}")
+        }
+        Transport::Http { host } => host.clone(),
+    };
+    if crate::event::privacy::contains_sensitive(&host) {
+        return REDACTED.into();
+    }
+    host.into()
+}
+
+/// A short single-line string with nothing the value scrubber would remove, or nothing: what
+/// the builder puts in names, session facts and `onBehalfOf`, so its events pass the L3 filter
+/// unchanged.
+pub(super) fn clean(s: &str, max: usize) -> Option<String> {
+    let ok = !s.is_empty()
+        && s.len() <= max
+        && !s.chars().any(char::is_control)
+        && !crate::event::privacy::contains_sensitive(s);
+    ok.then(|| s.to_string())
+}
+
+/// A random stdio session id that L4 does not read as a card number or IBAN (random hex can
+/// hold a Luhn-valid digit run now and then): such an id would get every event rejected.
+pub(super) fn clear_session_id() -> String {
+    loop {
+        let id = new_event_id();
+        if !crate::event::privacy::contains_sensitive(&id) {
+            return id;
+        }
+    }
+}
+
+/// The tool name an event carries: `None` for one the envelope cannot hold (empty, too long,
+/// control characters: the request is malformed), [`REDACTED`] for one that holds a value L4
+/// removes (the call is still reported, and counted).
+pub(super) fn tool_name(s: &str) -> Option<(String, bool)> {
+    if s.is_empty() || s.len() > MAX_TOOL_NAME || s.chars().any(char::is_control) {
+        return None;
+    }
+    if crate::event::privacy::contains_sensitive(s) {
+        return Some((REDACTED.to_string(), true));
+    }
+    Some((s.to_string(), false))
+}
+
+/// The wall-clock time of a monotonic instant in the recent past.
+pub(super) fn wall_clock(seen: Instant) -> SystemTime {
+    let age = Instant::now().saturating_duration_since(seen);
+    SystemTime::now()
+        .checked_sub(age)
+        .unwrap_or_else(SystemTime::now)
+}
+
+impl<S: EventSink> Observer<S> {
+    /// 2026-07-28 requests carry the protocol version and client identity in `_meta`.
+    pub(super) fn note_client_meta(&mut self, scope: StreamId, p: &Peek<'_>) {
+        let Some(meta) = p.params.ok().and_then(|p| p.meta.ok()) else {
+            return;
+        };
+        let version = lenient_str(&meta.protocol_version)
+            .and_then(|v| clean(v, MAX_INFO_LEN))
+            .map(SharedStr::from);
+        let client = meta
+            .client_info
+            .ok()
+            .and_then(|c| lenient_str(&c.name))
+            .and_then(|n| clean(n, MAX_INFO_LEN))
+            .map(SharedStr::from);
+        if version.is_none() && client.is_none() {
+            return;
+        }
+        let info = self.scopes.entry(scope).or_default();
+        if version.is_some() {
+            info.protocol_requested = version;
+        }
+        if client.is_some() {
+            info.client = client;
+        }
+    }
+
+    pub(super) fn session_for(&self, scope: StreamId) -> Option<Session> {
+        let info = self.scopes.get(&scope);
+        let id = match self.cfg.transport {
+            Transport::Stdio => Some(self.stdio_session.clone()),
+            Transport::Http { .. } => info.and_then(|i| i.session_id.clone()),
+        }?;
+        Some(Session {
+            id,
+            protocol: info.and_then(|i| {
+                i.protocol_negotiated
+                    .clone()
+                    .or_else(|| i.protocol_requested.clone())
+            }),
+            client: info.and_then(|i| i.client.clone()),
+        })
+    }
+
+    /// What [`Self::session_for`] says now, or else `snapshot`, when the scope is still open;
+    /// `snapshot` when it is gone.
+    fn refresh_session(&self, scope: StreamId, snapshot: Option<Session>) -> Option<Session> {
+        if self.scopes.contains_key(&scope) {
+            self.session_for(scope).or(snapshot)
+        } else {
+            snapshot
+        }
+    }
+
+    pub(super) fn refresh_host(&mut self) {
+        self.host = dest_host(&self.cfg, self.server_name.as_deref());
+    }
+
+    pub(super) fn finish_action(&mut self, aid: u64, outcome: Outcome, end: Instant) {
+        self.finish_action_answered(aid, outcome, end, None);
+    }
+
+    /// [`Self::finish_action`] when the pending entry of `answered` is already gone (the
+    /// response path removed it): saves hashing the key again.
+    pub(super) fn finish_action_answered(
+        &mut self,
+        aid: u64,
+        outcome: Outcome,
+        end: Instant,
+        answered: Option<&Key>,
+    ) {
+        let Some(a) = self.actions.remove(&aid) else {
+            return;
+        };
+        if let ActionState::InFlight(key) = &a.state {
+            if answered != Some(key) {
+                self.pending.remove(key);
+            }
+        }
+        let unanswered = matches!(outcome, Outcome::Timeout | Outcome::Transport);
+        if unanswered && self.s2c_gap.is_some_and(|g| a.started < g) {
+            self.stats.unobserved += 1;
+            return;
+        }
+        let host = self.host.clone();
+        // The scope's facts may have been completed after the call started (HTTP learns the
+        // session id from a response header); a scope already gone keeps the snapshot.
+        let session = self.refresh_session(a.scope, a.session);
+        let dur = end.saturating_duration_since(a.started);
+        // Microsecond resolution: sub-ms precision without pretending to nanoseconds.
+        let dur_ms = (dur.as_nanos() / 1_000) as f64 / 1_000.0;
+        let mut path_template = String::with_capacity(1 + a.tool.len());
+        path_template.push('/');
+        path_template.push_str(&a.tool);
+        let event = Event {
+            v: crate::event::EVENT_SCHEMA_VERSION,
+            id: new_event_id(),
+            ts: rfc3339_ms(a.started_wall),
+            class: outcome.class(),
+            rec: Rec {
+                rail: "mcp".into(),
+                action: a.tool,
+                registry_version: a.registry_version,
+                fields: a.fields,
+            },
+            dest: Dest {
+                host,
+                path_template,
+                method: "POST".into(),
+            },
+            actor: Actor {
+                id: self.actor.clone(),
+                kind: "agent".into(),
+                grade: "attested".into(),
+            },
+            on_behalf_of: a.on_behalf_of,
+            status: outcome.status(),
+            dur_ms,
+            bytes: ByteSizes {
+                req: a.bytes_req,
+                resp: a.bytes_resp,
+            },
+            session,
+            err: outcome.err(),
+        };
+        self.stats.events += 1;
+        self.sink.emit(event);
+    }
+}

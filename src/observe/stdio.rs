@@ -1,0 +1,359 @@
+//! The stdio driver: runs an [`Observer`] from the tap until both directions close.
+//!
+//! Owns the loop ([`run_tap_observer`]): split each direction's chunks into frames, put the two
+//! directions back in relay-timestamp order ([`Reorder`]), check call timeouts every [`TICK`],
+//! and keep pace with what it shares: the reporter's queue ([`pace_to_sink`]) and the CPU
+//! ([`Pacer`]). Each relay thread hands its bytes to the tap after forwarding them, so the two
+//! directions can arrive slightly out of order: a frame waits up to [`REORDER_HOLD`] for the
+//! other direction, and a response that still comes before its request is held by correlation
+//! (see [`super::EARLY_RESPONSE_GRACE`]). It delays observation, never the relay. When it falls
+//! more than the tap's budget behind, the tap drops, and a call whose answer may have been
+//! dropped makes no event ([`super::ObserverStats::unobserved`]).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::event::EventSink;
+use crate::pace::Pacer;
+use crate::tap::{Direction, Drained, TapMsg, TapReceiver};
+
+use super::frame::{FrameSplitter, Split};
+use super::observer::Observer;
+use super::{StreamId, TICK};
+
+/// How long a frame waits for the other direction before it is observed. Each relay thread
+/// hands its bytes to the tap *after* forwarding them, so a request can reach the channel after
+/// the response it caused (or a 2026-07-28 retry before the `input_required` it answers) when a
+/// thread is preempted between its write and its hand-off. Frames are observed in the order of
+/// their relay timestamps: a frame is released once the other direction has shown a later one,
+/// or after this hold. It delays observation, never the relay.
+pub const REORDER_HOLD: Duration = Duration::from_millis(25);
+
+/// A frame waiting in the reorder window.
+struct Held {
+    seen: Instant,
+    frame: HeldFrame,
+}
+
+enum HeldFrame {
+    Bytes(bytes::Bytes),
+    Summary(bytes::Bytes, u64),
+    Oversize(u64),
+}
+
+/// Two per-direction queues merged by relay timestamp (see [`REORDER_HOLD`]).
+#[derive(Default)]
+struct Reorder {
+    queues: [std::collections::VecDeque<Held>; 2],
+    closed: [bool; 2],
+}
+
+impl Reorder {
+    /// Takes a frame the splitter completed. When nothing is held and the other direction has
+    /// settled (every byte it read is already in the observer's hands, see
+    /// [`crate::tap::TapReceiver::settled`]) or closed, nothing can overtake the frame: it is
+    /// observed at once, in place, without a copy. Otherwise it is held: a frame inside the tap
+    /// chunk `chunk` (the common case) as a zero-copy slice of it, a frame the splitter assembled
+    /// from several chunks as a copy of the splitter's buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn push<S: EventSink>(
+        &mut self,
+        obs: &mut Observer<S>,
+        dir: Direction,
+        seen: Instant,
+        chunk: &bytes::Bytes,
+        s: Split<'_>,
+        other_settled: bool,
+    ) {
+        let i = dir.index();
+        let other = 1 - i;
+        let clear = self.queues[i].is_empty() && self.queues[other].is_empty();
+        if clear && (other_settled || self.closed[other]) {
+            match s {
+                Split::Frame(f) => obs.on_frame(StreamId(0), dir, seen, f),
+                Split::Summary { skeleton, len } => {
+                    obs.on_summary_frame(StreamId(0), dir, seen, skeleton, len)
+                }
+                Split::Oversize(n) => obs.on_oversize_frame(dir, n),
+            }
+            return;
+        }
+        let frame = match s {
+            Split::Frame(f) => HeldFrame::Bytes(slice_or_copy(chunk, f)),
+            Split::Summary { skeleton, len } => {
+                HeldFrame::Summary(bytes::Bytes::copy_from_slice(skeleton), len)
+            }
+            Split::Oversize(n) => HeldFrame::Oversize(n),
+        };
+        self.queues[i].push_back(Held { seen, frame });
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queues.iter().all(|q| q.is_empty())
+    }
+
+    /// Observes every frame that can no longer be overtaken (`drain`: all), at most `limit` of
+    /// them; true if it stopped at the limit with more releasable frames left. `settled`: per
+    /// direction, whether every byte the relay read is already in the observer's hands.
+    fn release<S: EventSink>(
+        &mut self,
+        obs: &mut Observer<S>,
+        now: Instant,
+        drain: bool,
+        limit: usize,
+        settled: [bool; 2],
+        pacer: &Pacer,
+    ) -> bool {
+        const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+        for _ in 0..limit {
+            let heads = [
+                self.queues[0].front().map(|h| h.seen),
+                self.queues[1].front().map(|h| h.seen),
+            ];
+            let pick = match heads {
+                [Some(a), Some(b)] => Some(if a <= b { 0 } else { 1 }),
+                [Some(a), None] => (drain
+                    || self.closed[1]
+                    || settled[1]
+                    || now.saturating_duration_since(a) >= REORDER_HOLD)
+                    .then_some(0),
+                [None, Some(b)] => (drain
+                    || self.closed[0]
+                    || settled[0]
+                    || now.saturating_duration_since(b) >= REORDER_HOLD)
+                    .then_some(1),
+                [None, None] => None,
+            };
+            let Some(i) = pick else { return false };
+            let Some(h) = self.queues[i].pop_front() else {
+                return false;
+            };
+            match h.frame {
+                HeldFrame::Bytes(b) => obs.on_frame(StreamId(0), DIRS[i], h.seen, &b),
+                HeldFrame::Summary(b, len) => {
+                    obs.on_summary_frame(StreamId(0), DIRS[i], h.seen, &b, len)
+                }
+                HeldFrame::Oversize(n) => obs.on_oversize_frame(DIRS[i], n),
+            }
+            pacer.pace();
+        }
+        !self.is_empty()
+    }
+
+    /// When the oldest held frame must be released at the latest.
+    fn deadline(&self) -> Option<Instant> {
+        self.queues
+            .iter()
+            .filter_map(|q| q.front().map(|h| h.seen + REORDER_HOLD))
+            .min()
+    }
+}
+
+/// `f` as a zero-copy slice of `chunk` when it points into it, else a copy.
+fn slice_or_copy(chunk: &bytes::Bytes, f: &[u8]) -> bytes::Bytes {
+    let c = chunk.as_ptr() as usize;
+    let p = f.as_ptr() as usize;
+    if !f.is_empty() && p >= c && p + f.len() <= c + chunk.len() {
+        chunk.slice(p - c..p - c + f.len())
+    } else {
+        bytes::Bytes::copy_from_slice(f)
+    }
+}
+
+/// After working off what the tap held, the observer waits this long before looking again
+/// instead of asking to be woken: a sender then queues with a lock and a push and no wake-up
+/// syscall, and the observer runs once per linger with a batch instead of once per chunk. Only
+/// when a look finds nothing does it sleep until the next offer. Delays observation by at most
+/// this much (timestamps are the relay's, so `dur_ms` is unaffected), never the relay; the tap's
+/// byte budget covers what arrives meanwhile.
+pub const TAP_LINGER: Duration = Duration::from_millis(2);
+
+/// Most frames observed between two yields to the runtime. The reporter runs on the same
+/// worker and takes up to tokio's cooperative budget (128) of events per turn: observing at most
+/// this many frames (at most one event each, bar batches) per turn keeps its queue from
+/// overflowing while a backlog is worked off.
+pub const FRAMES_PER_TURN: usize = 64;
+
+/// How long the observer waits, per stall, for room in the reporter's queue before observing
+/// anyway (and letting the queue count the drops). A healthy ingest answers well within it, so
+/// a backlog is paced to the reporter instead of overflowing its queue; a black-hole ingest
+/// cannot stall observation (and the tap) for longer than this.
+pub const SINK_STALL_LIMIT: Duration = Duration::from_millis(250);
+
+/// Room in the reporter's queue the observer waits for before it splits the next tap chunk:
+/// one 64 KiB chunk of the smallest `tools/call` responses (~36 bytes) completes ~1,800 calls.
+const SINK_ROOM: usize = 2_048;
+
+/// How often the observer re-checks the reporter's queue while it waits for room.
+const SINK_POLL: Duration = Duration::from_millis(1);
+
+/// Waits (bounded, see [`SINK_STALL_LIMIT`]) until the sink can take a turn's worth of events.
+async fn pace_to_sink<S: EventSink>(obs: &Observer<S>, stalled_since: &mut Option<Instant>) {
+    while obs.sink.room() < SINK_ROOM {
+        let now = Instant::now();
+        let since = *stalled_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= SINK_STALL_LIMIT {
+            return;
+        }
+        tokio::time::sleep(SINK_POLL).await;
+    }
+    *stalled_since = None;
+}
+
+/// Per direction: has every byte the relay read in it reached the splitter? `left`: chunks of
+/// each direction drained from the tap but not yet split.
+fn settled(rx: &TapReceiver, left: &[usize; 2]) -> [bool; 2] {
+    [
+        left[0] == 0 && rx.settled(Direction::ClientToServer),
+        left[1] == 0 && rx.settled(Direction::ServerToClient),
+    ]
+}
+
+/// How the observer keeps pace with what it shares: the reporter's queue (how long it has been
+/// waiting for room, see [`pace_to_sink`]) and the CPU (see [`Pacer`]).
+struct Pace<'a> {
+    stalled: Option<Instant>,
+    pacer: &'a Pacer,
+}
+
+/// Releases what the reorder window allows, a turn at a time, yielding between turns.
+async fn release_paced<S: EventSink>(
+    reorder: &mut Reorder,
+    obs: &mut Observer<S>,
+    drain: bool,
+    rx: &TapReceiver,
+    left: &[usize; 2],
+    pace: &mut Pace<'_>,
+) {
+    let pacer = pace.pacer;
+    loop {
+        pace_to_sink(obs, &mut pace.stalled).await;
+        let settled = settled(rx, left);
+        let now = Instant::now();
+        if !reorder.release(obs, now, drain, FRAMES_PER_TURN, settled, pacer) {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Drives an observer from the stdio tap until both directions close, then returns it (the
+/// caller decides the [`super::EndCause`] for calls still in flight). Splits each direction into
+/// frames, stamps each frame with the relay time of the chunk that completed it, observes the
+/// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
+/// timeouts every [`TICK`]. Takes everything queued per look and lingers between looks (see
+/// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up. Tells
+/// `pacer` whether traffic flows and lets it pace every frame (see [`Pacer`]).
+pub async fn run_tap_observer<S: EventSink>(
+    mut rx: TapReceiver,
+    mut observer: Observer<S>,
+    pacer: std::sync::Arc<Pacer>,
+) -> Observer<S> {
+    let pacer = &*pacer;
+    let mut pace = Pace {
+        stalled: None,
+        pacer,
+    };
+    // Traffic flows while the relay keeps handing the tap new chunks; not once it is closing.
+    let mut offers = rx.offers();
+    let mut look = |rx: &TapReceiver, closing: bool| {
+        let now = rx.offers();
+        if closing {
+            pacer.set_closing();
+        } else {
+            pacer.set_live(now != offers);
+        }
+        offers = now;
+    };
+    let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
+    let mut last_seen: [Option<Instant>; 2] = [None, None];
+    let mut reorder = Reorder::default();
+    let mut batch: VecDeque<TapMsg> = VecDeque::new();
+    let mut next_tick = Instant::now() + TICK;
+    let mut closing = false;
+    loop {
+        let got = match rx.drain(&mut batch) {
+            Drained::Empty => {
+                let wake_at = reorder.deadline().map_or(next_tick, |h| h.min(next_tick));
+                tokio::select! {
+                    got = rx.recv_many(&mut batch) => got,
+                    _ = tokio::time::sleep_until(wake_at.into()) => Drained::Empty,
+                }
+            }
+            got => got,
+        };
+        if got == Drained::Closed {
+            break;
+        }
+        let worked = got == Drained::Some;
+        look(&rx, closing);
+        let mut left = [0usize; 2];
+        for msg in &batch {
+            if let TapMsg::Chunk(c) = msg {
+                left[c.dir.index()] += 1;
+            }
+        }
+        while let Some(msg) = batch.pop_front() {
+            pace_to_sink(&observer, &mut pace.stalled).await;
+            match msg {
+                TapMsg::Chunk(c) => {
+                    let i = c.dir.index();
+                    left[i] -= 1;
+                    if c.after_gap {
+                        observer.on_gap(c.dir, c.seen);
+                    }
+                    last_seen[i] = Some(c.seen);
+                    let other_settled = settled(&rx, &left)[1 - i];
+                    let before = observer.stats.events;
+                    splitters[i].push(&c.bytes, c.after_gap, c.skipped, |s| {
+                        reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other_settled);
+                        pacer.pace();
+                    });
+                    look(&rx, closing);
+                    if observer.stats.events - before >= FRAMES_PER_TURN as u64 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                TapMsg::Closed { dir, seen } => {
+                    let at = last_seen[dir.index()].unwrap_or(seen);
+                    let other_settled = settled(&rx, &left)[1 - dir.index()];
+                    splitters[dir.index()].flush(|s| {
+                        reorder.push(
+                            &mut observer,
+                            dir,
+                            at,
+                            &bytes::Bytes::new(),
+                            s,
+                            other_settled,
+                        )
+                    });
+                    reorder.closed[dir.index()] = true;
+                    // The session is ending: look again at once, the other side follows soon.
+                    closing = true;
+                }
+            }
+            release_paced(&mut reorder, &mut observer, false, &rx, &left, &mut pace).await;
+        }
+        let now = Instant::now();
+        if now >= next_tick {
+            observer.on_tick(now);
+            next_tick = now + TICK;
+        }
+        release_paced(&mut reorder, &mut observer, false, &rx, &[0, 0], &mut pace).await;
+        if worked && !closing {
+            // Linger (see TAP_LINGER); a closing sender cuts it short.
+            tokio::select! {
+                _ = tokio::time::sleep(TAP_LINGER) => {}
+                _ = rx.woken() => {}
+            }
+        }
+    }
+    for dir in [Direction::ClientToServer, Direction::ServerToClient] {
+        let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
+        splitters[dir.index()]
+            .flush(|s| reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, true));
+    }
+    pacer.set_closing();
+    release_paced(&mut reorder, &mut observer, true, &rx, &[0, 0], &mut pace).await;
+    observer
+}
