@@ -12,7 +12,10 @@
 
 use std::time::{Instant, SystemTime};
 
+use serde_json::{Map, Value};
+
 use crate::event::filter::REDACTED;
+use crate::event::privacy::{Capture, MAX_FIELDS};
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
 };
@@ -20,7 +23,7 @@ use crate::event::{
 use super::correlate::{ActionState, Key};
 use super::observer::Observer;
 use super::outcome::Outcome;
-use super::peek::{lenient_str, Peek};
+use super::peek::{lenient_str, Args, Meta, Peek};
 use super::{ObserverConfig, StreamId, Transport};
 
 /// Longest tool name accepted (the MCP spec recommends at most 128 characters).
@@ -105,6 +108,39 @@ pub(super) fn wall_clock(seen: Instant) -> SystemTime {
 }
 
 impl<S: EventSink> Observer<S> {
+    /// The allow-listed scalar arguments of a call, as the capture policy decides (at most
+    /// [`MAX_FIELDS`]); string values withheld as prose are counted.
+    pub(super) fn capture(&mut self, args: &Args<'_>) -> Map<String, Value> {
+        let mut prose = 0u64;
+        let mut m = Map::new();
+        for (k, v) in &args.0 {
+            if m.len() >= MAX_FIELDS {
+                break;
+            }
+            match v.as_scalar().map(|s| self.policy.decide(k, s)) {
+                Some(Capture::Kept(val)) => {
+                    m.insert(k.to_string(), val);
+                }
+                Some(Capture::Prose) => prose += 1,
+                Some(Capture::Dropped) | None => {}
+            }
+        }
+        self.stats.prose_withheld += prose;
+        m
+    }
+
+    /// `onBehalfOf`: the call's `_meta` value, else `--on-behalf-of`, if the envelope can carry it.
+    pub(super) fn on_behalf_of(&self, meta: Option<&Meta<'_>>) -> Option<String> {
+        meta.and_then(|m| lenient_str(&m.on_behalf_of))
+            .and_then(|s| clean(s, MAX_INFO_LEN))
+            .or_else(|| {
+                self.cfg
+                    .on_behalf_of
+                    .as_deref()
+                    .and_then(|s| clean(s, MAX_INFO_LEN))
+            })
+    }
+
     /// 2026-07-28 requests carry the protocol version and client identity in `_meta`.
     pub(super) fn note_client_meta(&mut self, scope: StreamId, p: &Peek<'_>) {
         let Some(meta) = p.params.ok().and_then(|p| p.meta.ok()) else {

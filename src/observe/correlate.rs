@@ -30,13 +30,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value};
 
-use crate::event::privacy::Capture;
 use crate::event::{EventSink, Session, SharedStr};
 use crate::tap::Direction;
 
 use super::assemble::{clean, tool_name, wall_clock, MAX_INFO_LEN};
 use super::observer::{Observer, Size};
-use super::outcome::Outcome;
+use super::outcome::{Answer, Outcome};
 use super::peek::{lenient_str, peek, Lenient, Peek, RpcId};
 use super::StreamId;
 
@@ -312,33 +311,8 @@ impl<S: EventSink> Observer<S> {
         if redacted {
             self.stats.redacted_tools += 1;
         }
-        let mut prose = 0u64;
-        let fields = params.arguments.ok().map(|args| {
-            let mut m = Map::new();
-            for (k, v) in &args.0 {
-                if m.len() >= crate::event::privacy::MAX_FIELDS {
-                    break;
-                }
-                match v.as_scalar().map(|s| self.policy.decide(k, s)) {
-                    Some(Capture::Kept(val)) => {
-                        m.insert(k.to_string(), val);
-                    }
-                    Some(Capture::Prose) => prose += 1,
-                    Some(Capture::Dropped) | None => {}
-                }
-            }
-            m
-        });
-        self.stats.prose_withheld += prose;
-        let on_behalf_of = meta
-            .and_then(|m| lenient_str(&m.on_behalf_of))
-            .and_then(|s| clean(s, MAX_INFO_LEN))
-            .or_else(|| {
-                self.cfg
-                    .on_behalf_of
-                    .as_deref()
-                    .and_then(|s| clean(s, MAX_INFO_LEN))
-            });
+        let fields = params.arguments.ok().map(|args| self.capture(args));
+        let on_behalf_of = self.on_behalf_of(meta);
         let aid = self.next_action;
         self.next_action += 1;
         let action = Action {
@@ -530,27 +504,20 @@ impl<S: EventSink> Observer<S> {
             return;
         };
         a.bytes_resp += len;
-        let outcome = if let Lenient::Ok(e) = &p.error {
-            Outcome::JsonRpc(e.code.ok().copied())
-        } else if let Lenient::Ok(r) = &p.result {
-            let rt = lenient_str(&r.result_type);
-            if matches!(rt, Some("input_required") | Some("incomplete")) {
+        let outcome = match Answer::of(p) {
+            Answer::Final(outcome) => outcome,
+            Answer::InputRequired { request_state } => {
                 a.state = ActionState::AwaitingInput {
-                    state: lenient_str(&r.request_state).map(state_digest),
+                    state: request_state.map(state_digest),
                 };
                 a.last_activity = seen;
                 return;
             }
-            if r.is_error == Lenient::Ok(true) {
-                Outcome::ToolError
-            } else {
+            Answer::Unreadable => {
+                // The server did answer, so the call is over; the oddity is counted.
+                self.count_malformed();
                 Outcome::Success
             }
-        } else {
-            // An answer without a usable result or error: the server did answer, so the call
-            // is over; the oddity is counted.
-            self.count_malformed();
-            Outcome::Success
         };
         self.finish_action_answered(aid, outcome, seen, Some(answered));
     }

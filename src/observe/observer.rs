@@ -237,12 +237,7 @@ impl<S: EventSink> Observer<S> {
             };
             if let Some(pending) = self.pending.remove(&key) {
                 if let PendingKind::ToolCall(aid) = pending.kind {
-                    let outcome = if status == 502 {
-                        Outcome::Transport
-                    } else {
-                        Outcome::HttpStatus(status)
-                    };
-                    self.finish_action(aid, outcome, seen);
+                    self.finish_action(aid, Outcome::http_failure(status), seen);
                 }
             }
         }

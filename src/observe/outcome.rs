@@ -8,6 +8,7 @@
 
 use crate::event::{ErrKind, EventClass, EventErr};
 
+use super::peek::{lenient_str, Lenient, Peek};
 use super::EndCause;
 
 /// How an action ended.
@@ -35,6 +36,16 @@ pub fn status_for_jsonrpc_code(code: Option<i64>) -> u16 {
 }
 
 impl Outcome {
+    /// HTTP: the upstream answered a POST with this non-2xx status, or could not be reached
+    /// (the proxy passes 502, which is a transport failure).
+    pub fn http_failure(status: u16) -> Outcome {
+        if status == 502 {
+            Outcome::Transport
+        } else {
+            Outcome::HttpStatus(status)
+        }
+    }
+
     pub fn status(self) -> u16 {
         match self {
             Outcome::Success => 200,
@@ -69,6 +80,40 @@ impl Outcome {
             Outcome::Transport | Outcome::HttpStatus(_) => (ErrKind::Transport, None),
         };
         Some(EventErr { kind, code })
+    }
+}
+
+/// What a response to a `tools/call` round says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer<'a> {
+    /// The action is over.
+    Final(Outcome),
+    /// A 2026-07-28 result with `resultType` `"input_required"` (or the draft's `"incomplete"`):
+    /// the action waits for the client's retry, which may echo `request_state`.
+    InputRequired { request_state: Option<&'a str> },
+    /// Neither a usable `result` nor an `error`.
+    Unreadable,
+}
+
+impl<'a> Answer<'a> {
+    pub fn of(p: &'a Peek<'_>) -> Answer<'a> {
+        if let Lenient::Ok(e) = &p.error {
+            Answer::Final(Outcome::JsonRpc(e.code.ok().copied()))
+        } else if let Lenient::Ok(r) = &p.result {
+            let rt = lenient_str(&r.result_type);
+            if matches!(rt, Some("input_required") | Some("incomplete")) {
+                return Answer::InputRequired {
+                    request_state: lenient_str(&r.request_state),
+                };
+            }
+            if r.is_error == Lenient::Ok(true) {
+                Answer::Final(Outcome::ToolError)
+            } else {
+                Answer::Final(Outcome::Success)
+            }
+        } else {
+            Answer::Unreadable
+        }
     }
 }
 
