@@ -146,7 +146,9 @@ impl<S: EventSink> Observer<S> {
         &self.stats
     }
 
-    /// Calls in flight or waiting for a 2026-07-28 retry.
+    /// Calls in flight or waiting for a 2026-07-28 retry. Only tests ask: the counters in
+    /// [`ObserverStats`] are what the session reports.
+    #[cfg(test)]
     pub fn open_actions(&self) -> usize {
         self.actions.len()
     }
