@@ -21,10 +21,10 @@ pub const DEFAULT_FRAME_CAP: usize = 64 * 1024 * 1024;
 /// arguments) is observed from its first [`SUMMARY_HEAD`] and last [`SUMMARY_TAIL`] bytes (see
 /// [`super::summary`]); the tap does not even pass its middle on (see `crate::tap`).
 ///
-/// Why not more: until a frame's length is known, the relay holds what it read of it, and with
-/// 1 MiB held per large message its read blocks no longer fit the CPU's cache (the observed relay
-/// thread cost ~17 µs/MB more than with 256 KiB, pinned, 20 × 5 MB). Whatever the observer reads
-/// from a message that is not a catalog sits in its first or last few KiB anyway.
+/// Why not more: until a frame's length is known, the relay holds what it read of it, and a
+/// larger bound makes its read blocks outgrow the CPU's cache (measured: `bench/README.md`,
+/// "Large messages"). Whatever the observer reads from a message that is not a catalog sits in
+/// its first or last few KiB anyway.
 pub const WHOLE_FRAME_BYTES: usize = 256 * 1024;
 
 /// Largest JSON object frame parsed whole when its first [`SUMMARY_HEAD`] bytes contain
@@ -391,8 +391,8 @@ fn trimmed_len(n: u64, last_seg: &[u8]) -> u64 {
     }
 }
 
-/// The next newline. A vectorised search: for a 5 MB frame this scan used to be the largest
-/// single cost of observing it (a byte-at-a-time loop, ~40 % of the observer's CPU).
+/// The next newline. Vectorised, because for a large frame this scan is the largest single cost
+/// of observing it (`bench/README.md`, "Large messages").
 fn memchr(s: &[u8]) -> Option<usize> {
     memchr::memchr(b'\n', s)
 }

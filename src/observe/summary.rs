@@ -9,16 +9,9 @@
 //! and Python's SDK write `id` first, the TypeScript SDK writes it last). Scanning only those
 //! bytes keeps the cost of observing a 50 MB message close to that of a small one.
 //!
-//! The join: the head is cut after its last complete member at each nesting level, the tail
-//! is cut before its first complete member at each level, and the two are joined at the deepest
-//! level where the open containers on both sides have the same kinds (object or array). That
-//! assumes the open containers at the cut are the same ones on both sides, which holds unless a
-//! second large value starts inside the skipped middle; then a member of that value's container
-//! can appear as a member of the head's container. Only structure is joined: every value in the
-//! skeleton is a byte-exact copy from the message, and everything captured from it still goes
-//! through the privacy layers. A JSON array at the top (a batch) is joined only at the top, so
-//! whole elements are never mixed. Must never allocate more than head + tail, and never panic on
-//! any input (fuzzed by proptest below).
+//! Only structure is joined ([`skeleton`]): every value in the skeleton is a byte-exact copy from
+//! the message, and everything captured from it still goes through the privacy layers. Must
+//! never allocate more than head + tail, and never panic on any input (fuzzed by proptest below).
 
 /// One open container at the cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +141,14 @@ fn scan_tail(tail: &[u8]) -> Option<Vec<Level>> {
 /// them unknown): valid JSON when both are pieces of one valid JSON object or array, holding
 /// the complete members found in either. `None` when no join is possible (not JSON, a top-level
 /// scalar, or containers of different kinds already at the top).
+///
+/// The head is cut after its last complete member at each nesting level, the tail is cut before
+/// its first complete member at each level, and the two are joined at the deepest level where
+/// the open containers on both sides have the same kinds (object or array). That assumes the
+/// open containers at the cut are the same ones on both sides, which holds unless a second large
+/// value starts inside the skipped middle; then a member of that value's container can appear as
+/// a member of the head's container. A JSON array at the top (a batch) is joined only at the
+/// top, so whole elements are never mixed.
 pub fn skeleton(head: &[u8], tail: &[u8]) -> Option<Vec<u8>> {
     let h = scan_head(head)?;
     let t = scan_tail(tail)?;
