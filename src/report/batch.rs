@@ -4,38 +4,19 @@
 //! retry → record outcome (Delivered / Errored / Rejected) → back off while the ingest fails`.
 //!
 //! Goes in: [`Event`]s from the bounded queue the observer fills. Comes out: encoded batches
-//! handed to a [`Sink`], and [`ReportStats`]. Every failure on this path is counted and logged
-//! once, never propagated: nothing here can reach the relay or the wrapped server.
+//! handed to a `Sink`, and [`ReportStats`]; an event that does not reach the sink is counted in
+//! a later batch's `dropped`. Every failure on this path is counted and logged once, never
+//! propagated: nothing here can reach the relay or the wrapped server. It must never block the
+//! observer (the queue is `try_send` on the other side), never send an event that did not pass
+//! `validate_and_filter_event`, and never put `org` or a sensor id in a batch (the ingest stamps
+//! both from the key).
 //!
 //! **At most one request is in flight.** The batcher awaits each delivery before it takes the
 //! next batch, so batches arrive in order, memory is bounded by the queue plus one batch, and a
 //! dead or slow ingest can never pile up sockets or tasks: while it hangs, events wait in the
 //! bounded queue and, once that is full, the newest are dropped and counted. One request at a
-//! time is also plenty: an ingest stores a 500-event batch in milliseconds.
-//!
-//! **Batch size.** A batch is sent when it holds [`MAX_BATCH_EVENTS`] events, when the next
-//! event would take its body past [`MAX_BATCH_BYTES`] (that event opens the next batch), or when
-//! its oldest event has waited the flush interval. No single event can pass the byte cap: the
-//! L3 filter bounds every field (32 captured fields of at most 64 + 128 bytes, text of at most
-//! 256), so the largest event it lets through is about 33 KB, a thirtieth of the cap (a test
-//! builds it). Were one ever larger, it would travel alone, never split or stalled.
-//!
-//! **Back-off.** A batch whose delivery failed for a reason [`is_retriable`] accepts (its one
-//! retry included) makes the next wait: [`Cooldown`] doubles the pause per failed batch from
-//! 1 s, with jitter, up to 30 s, and never below the ingest's `Retry-After` (at most 60 s); a
-//! delivered batch resets it. Meanwhile events fill the current batch, then wait in the bounded
-//! queue, then are dropped and counted like any queue overflow. The pause never delays
-//! shutdown: if it would end after the shutdown deadline, what is left is counted as dropped at
-//! once.
-//!
-//! **Drop accounting.** Every event that does not reach the sink (queue full, rejected by the
-//! L3 filter, in a failed batch) is added to a pending count that the next batch carries in its
-//! `dropped` field; the count resets only when a batch is accepted. So the ingest learns about
-//! losses as soon as it is reachable again.
-//!
-//! It must never block the observer (the queue is `try_send` on the other side), never send an
-//! event that did not pass `validate_and_filter_event`, and never put `org` or a sensor id in a
-//! batch (the ingest stamps both from the key).
+//! time is also plenty: an ingest stores a 500-event batch in milliseconds. While the ingest
+//! keeps failing, batches are spaced out ([`Cooldown`]), never past the shutdown deadline.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,6 +42,13 @@ use crate::event::{filter_event, BatchBody, Event, SensorInfo, MAX_BATCH_EVENTS}
 /// for its size on the way; it also bounds what one batch holds in memory and what its retry
 /// sends again. Ordinary events (a few hundred bytes) fill 500 in well under this, so the count
 /// closes most batches; this cap is met by events carrying many long captured fields.
+///
+/// A batch is sent when it holds [`MAX_BATCH_EVENTS`] events, when the next event would take its
+/// body past this (that event opens the next batch), or when its oldest event has waited the
+/// flush interval. No single event can pass the cap: the L3 filter bounds every field (32
+/// captured fields of at most 64 + 128 bytes, text of at most 256), so the largest event it lets
+/// through is about 33 KB, a thirtieth of the cap (a test builds it). Were one ever larger, it
+/// would travel alone, never split or stalled.
 pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
 
 /// Room kept in [`MAX_BATCH_BYTES`] for the envelope around the events
@@ -108,9 +96,17 @@ pub(crate) struct Batcher {
     /// A filtered event that would have taken the batch past [`MAX_BATCH_BYTES`]: the batch is
     /// sent first, and this event opens the next one.
     pub(crate) overflow: Option<Event>,
-    /// Events lost since the last accepted batch; carried by the next one.
+    /// Events lost since the last accepted batch (queue full, rejected by the L3 filter, in a
+    /// failed batch); carried in the next batch's `dropped` and reset only when a batch is
+    /// accepted, so the ingest learns about losses as soon as it is reachable again.
     pub(crate) pending_dropped: u64,
-    /// The pause between batches while the ingest keeps failing.
+    /// The pause between batches while the ingest keeps failing: a batch whose delivery failed
+    /// for a reason [`is_retriable`] accepts (its one retry included) makes the next wait, from
+    /// 1 s doubling per failed batch, with jitter, up to 30 s, and never below the ingest's
+    /// `Retry-After` (at most 60 s); a delivered batch resets it. Meanwhile events fill the
+    /// current batch, then wait in the bounded queue, then are dropped and counted like any
+    /// queue overflow. The pause never delays shutdown: if it would end after the shutdown
+    /// deadline, what is left is counted as dropped at once.
     pub(crate) cooldown: Cooldown,
     /// No batch is sent before this instant (set after a failed batch, cleared by a delivered
     /// one).
