@@ -14,6 +14,8 @@
 //! observer to read whole only the head and tail cross (see [`Trim`]).
 //! Must never block, never parse JSON, never log per chunk.
 
+pub mod http;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
