@@ -50,8 +50,10 @@
 pub mod catalog;
 pub mod correlate;
 pub mod frame;
+pub mod http;
 pub mod peek;
 pub mod priority;
+pub mod sse;
 pub mod summary;
 
 use std::collections::{HashMap, VecDeque};

@@ -5,8 +5,8 @@
 //! the process's runtime, signal handling and shutdown.
 //! Goes in: the validated [`Config`] (`Mode::Http`). Comes out: an exit code. Each accepted
 //! connection is served by [`forward`] on a one-worker relay runtime; copies of what it forwards
-//! go to [`watch`], an observation task that owns the [`crate::observe::Observer`], on a thread
-//! and runtime of its own together with the reporter.
+//! go to the hand-off ([`crate::tap::http`]), read by [`crate::observe::http`] on a thread and
+//! runtime of its own together with the reporter.
 //! It must never change what the client or the upstream see: bodies are streamed frame by
 //! frame (an SSE event is relayed as soon as it arrives), only hop-by-hop headers are dropped,
 //! nothing is added (not even `Date`), and observation never makes the relay wait.
@@ -49,8 +49,6 @@
 
 pub mod admit;
 mod forward;
-pub mod sse;
-pub mod watch;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -67,6 +65,7 @@ use tokio::task::JoinSet;
 use crate::config::{Config, Mode};
 use crate::log::{redact_url, PREFIX};
 use crate::observe::{EndCause, Observer, Transport};
+use crate::tap::http::ExchangeReceiver;
 
 pub use forward::{strip_hop_by_hop, HEADER_SESSION_ID};
 
@@ -179,7 +178,7 @@ struct ObserverThread {
 const OBSERVER_EXIT_GRACE: Duration = Duration::from_millis(500);
 
 impl ObserverThread {
-    fn start(cfg: &Config, host: String, rx: watch::WatchRx) -> std::io::Result<ObserverThread> {
+    fn start(cfg: &Config, host: String, rx: ExchangeReceiver) -> std::io::Result<ObserverThread> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -207,10 +206,10 @@ impl ObserverThread {
 }
 
 /// The observer thread's whole life: runs until every forwarding handle is gone (shutdown).
-async fn observe_and_report(cfg: &Config, host: String, rx: watch::WatchRx) {
+async fn observe_and_report(cfg: &Config, host: String, rx: ExchangeReceiver) {
     let (queue, reporter) = crate::report::start(crate::report_config(cfg, "http"));
     let observer = Observer::new(crate::observer_config(cfg, Transport::Http { host }), queue);
-    let (observer, totals) = watch::run(rx, observer).await;
+    let (observer, totals) = crate::observe::http::run(rx, observer).await;
     let (stats, queue) = observer.finish(Instant::now(), EndCause::SessionEnd);
     drop(queue);
     let report = reporter.shutdown().await;
@@ -368,7 +367,7 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
     let mut observing = None;
     let mut watch_tx = None;
     if !cfg.disabled {
-        let (tx, rx) = watch::channel();
+        let (tx, rx) = crate::tap::http::channel();
         match ObserverThread::start(cfg, upstream.host(), rx) {
             Ok(t) => {
                 observing = Some(t);
@@ -378,7 +377,7 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
             Err(e) => tracing::warn!(error = %e, "Cannot start the observer; relaying unobserved"),
         }
     }
-    let watch_stats = watch_tx.as_ref().map(|w| w.stats.clone());
+    let handoff_stats = watch_tx.as_ref().map(|w| w.stats.clone());
     let display = upstream.display.clone();
     let admission = admit::Admission::new(
         local_port,
@@ -440,7 +439,7 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
         t.join(cfg.shutdown_flush);
     }
     if cfg.debug {
-        if let Some(s) = watch_stats {
+        if let Some(s) = handoff_stats {
             use std::sync::atomic::Ordering::Relaxed;
             tracing::debug!(
                 sent = s.sent.load(Relaxed),
