@@ -300,6 +300,8 @@ async fn observe_and_report(cfg: &Config, host: String, rx: tap::http::ExchangeR
             exchanges = totals.exchanges,
             unparsed_bodies = totals.unparsed_bodies,
             compressed_bodies = totals.compressed_bodies,
+            evicted_exchanges = totals.evicted,
+            oversized_sse_events = totals.oversized_events,
             unobserved = stats.unobserved,
             delivered = report.delivered,
             dropped = report.dropped,

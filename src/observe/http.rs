@@ -124,7 +124,10 @@ pub struct HttpTotals {
     pub exchanges: u64,
     pub unparsed_bodies: u64,
     pub compressed_bodies: u64,
+    /// Exchanges forgotten to make room (`MAX_EXCHANGES` open at once): an end message was lost.
     pub evicted: u64,
+    /// SSE events skipped for carrying more than [`super::sse::MAX_EVENT_DATA`] of data.
+    pub oversized_events: u64,
 }
 
 struct Watcher<S: EventSink> {
@@ -484,7 +487,9 @@ impl<S: EventSink> Watcher<S> {
                             p.lost_bytes();
                             x.answers_lost = true;
                         }
+                        let oversized = p.stats.oversized;
                         p.feed(bytes, &mut |data| frames.push(data.to_vec()));
+                        self.totals.oversized_events += p.stats.oversized - oversized;
                     }
                 }
                 for f in frames {

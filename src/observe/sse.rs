@@ -8,8 +8,8 @@
 //! Goes in: the response body's chunks, as the relay forwarded them. Comes out: each event's
 //! `data` (one JSON-RPC message for MCP). It never sees the relay path: the proxy forwards the
 //! bytes untouched and this parser reads the copy handed off to observation. Memory is bounded:
-//! an event whose data exceeds the cap is counted and skipped, and an oversized line buffer is
-//! released after use.
+//! an event whose data exceeds the cap is counted ([`SseStats::oversized`], in the `--debug`
+//! totals) and skipped, and an oversized line buffer is released after use.
 
 /// Most bytes of `data` one event may carry before it is skipped (a 25 MB tool result is relayed
 /// and must still be observed; anything past this is counted and measured, not parsed).
