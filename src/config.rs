@@ -18,7 +18,6 @@ use std::time::Duration;
 use crate::cli::ObserveArgs;
 use crate::event::filter::{check_actor_id, FilterError};
 use crate::log::redact_url;
-use crate::proxy::http::admit::Origin;
 use crate::token::SensorToken;
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
@@ -524,6 +523,99 @@ impl Config {
     }
 }
 
+/// An origin, `scheme://host[:port]`, normalised for comparison: scheme and host in lower case,
+/// the scheme's default port dropped (`https://a.example:443` is `https://a.example`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    scheme: String,
+    host: String,
+    port: Option<u16>,
+}
+
+impl Origin {
+    /// Parses `scheme://host[:port]`, as browsers send it in `Origin` (one trailing `/` is
+    /// tolerated, for hand-written `--allow-origin` values). `None` for anything else: a path,
+    /// a query, credentials, a wildcard, or the opaque origin `null`.
+    pub fn parse(s: &str) -> Option<Origin> {
+        let (scheme, rest) = s.split_once("://")?;
+        let mut chars = scheme.chars();
+        let scheme_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if !scheme_ok {
+            return None;
+        }
+        let scheme = scheme.to_ascii_lowercase();
+        let (host, port) = parse_authority(rest.strip_suffix('/').unwrap_or(rest))?;
+        let default = match scheme.as_str() {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        };
+        let port = port.filter(|p| Some(*p) != default);
+        Some(Origin { scheme, host, port })
+    }
+
+    /// The scheme, in lower case.
+    pub fn scheme(&self) -> &str {
+        &self.scheme
+    }
+
+    /// The host, in lower case (an IPv6 literal in its brackets).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}", self.scheme, self.host)?;
+        match self.port {
+            Some(p) => write!(f, ":{p}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Splits `host[:port]` (`[v6]` literals in brackets); the host in lower case. `None` when it
+/// is not a plain authority: empty, credentials, a path, characters no host name has. The
+/// listener's `Host` check reads `Host` with it too, so an origin and a host compare alike.
+pub(crate) fn parse_authority(s: &str) -> Option<(String, Option<u16>)> {
+    let (host, port) = if s.starts_with('[') {
+        let end = s.find(']')?;
+        let literal = &s[1..end];
+        if literal.is_empty()
+            || !literal
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        {
+            return None;
+        }
+        (&s[..=end], &s[end + 1..])
+    } else {
+        let end = s.find(':').unwrap_or(s.len());
+        let host = &s[..end];
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        {
+            return None;
+        }
+        (host, &s[end..])
+    };
+    let port = match port {
+        "" => None,
+        p => {
+            let digits = p.strip_prefix(':')?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Some(digits.parse::<u16>().ok()?)
+        }
+    };
+    Some((host.to_ascii_lowercase(), port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -963,6 +1055,36 @@ mod tests {
             "PATH",
         ] {
             assert!(!is_sensor_env(name.as_ref()), "{name}");
+        }
+    }
+
+    #[test]
+    fn origin_parsing_normalises_and_rejects_non_origins() {
+        assert_eq!(
+            Origin::parse("HTTPS://App.Example:443/").map(|o| o.to_string()),
+            Some("https://app.example".to_string())
+        );
+        assert_eq!(
+            Origin::parse("http://[::1]:8080").map(|o| o.to_string()),
+            Some("http://[::1]:8080".to_string())
+        );
+        assert_eq!(
+            Origin::parse("vscode-webview://abc123").map(|o| o.to_string()),
+            Some("vscode-webview://abc123".to_string())
+        );
+        for bad in [
+            "null",
+            "*",
+            "app.example",
+            "https://",
+            "https://app.example/path",
+            "https://app.example?x=1",
+            "https://user@app.example",
+            "https://*.example",
+            "https://app.example:",
+            "1http://app.example",
+        ] {
+            assert_eq!(Origin::parse(bad), None, "{bad}");
         }
     }
 }

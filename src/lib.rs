@@ -3,14 +3,19 @@
 //! The crate reads top to bottom as the journey of one message:
 //!
 //! * [`cli`] → [`config`]: argv and an environment map become a validated [`config::Config`].
+//! * `run`: wires one run (config → reporter → observer → relay) for either transport; the
+//!   only module that knows every stage.
 //! * [`proxy::stdio`] / [`proxy::http`]: forward every byte unchanged (the relay) and hand a
-//!   cheap copy of it to the [`tap`], never waiting on it.
-//! * [`observe`]: splits the copies into frames, peeks at the JSON-RPC fields it needs,
-//!   correlates requests with responses per (stream, direction, id) and builds one
-//!   [`event::Event`] per `tools/call`.
+//!   cheap copy of it on, never waiting: to the [`tap`] (stdio) or to its HTTP hand-off
+//!   [`tap::http`] (body chunks with their exchange's method, status and content type).
+//! * [`observe`]: splits the copies into frames (SSE events for HTTP, [`observe::sse`]), peeks
+//!   at the JSON-RPC fields it needs, correlates requests with responses per (scope,
+//!   direction, id) and builds one [`event::Event`] per `tools/call`; HTTP exchanges are turned
+//!   into the same observer calls by [`observe::http`].
 //! * [`event`]: the envelope v2, the privacy layers and `validate_and_filter_event` (L3), shared
 //!   with the ingest.
 //! * [`report`]: batches filtered events and posts them fire-and-forget, counting what it drops.
+//! * [`pace`]: how the observer and the reporter share a CPU with the relay; owned by neither.
 //! * [`ingest`]: the reference ingest (`bounded-ingest`), apart from the sensor's data path.
 //! * [`http_client`]: the one HTTP client policy (no proxy variables, no redirects, the same
 //!   timeouts, rustls + ring) every client of the crate is built with.
@@ -33,11 +38,11 @@ pub mod observe;
 pub mod pace;
 pub mod proxy;
 pub mod report;
+mod run;
 pub mod tap;
 pub mod token;
 
 use std::ffi::OsString;
-use std::time::Instant;
 
 pub use config::Env;
 
@@ -78,154 +83,5 @@ where
 /// [`cli::ObserveArgs`] into its own `observe mcp` subcommand. Same behaviour and exit codes as
 /// [`run_mcp_observe`].
 pub fn run_observe_args(args: &cli::ObserveArgs, env: &Env) -> i32 {
-    let (cfg, warnings) = match config::Config::resolve(args, env) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("{} error: {e}", log::PREFIX);
-            return EXIT_USAGE;
-        }
-    };
-
-    if cfg.disabled {
-        if let config::Mode::Stdio { program, args } = &cfg.mode {
-            return proxy::stdio::exec_passthrough(program, args);
-        }
-        // HTTP mode keeps its listener's warnings (refused Hosts and Origins, bad
-        // --allow-origin values) with the kill switch: they are security, not observation.
-    }
-
-    log::init(cfg.debug);
-    for w in &warnings {
-        tracing::warn!("{w}");
-    }
-
-    match &cfg.mode {
-        config::Mode::Http { .. } => proxy::http::run(&cfg),
-        config::Mode::Stdio { .. } => run_stdio(&cfg),
-    }
-}
-
-pub(crate) fn observer_config(
-    cfg: &config::Config,
-    transport: observe::Transport,
-) -> observe::ObserverConfig {
-    observe::ObserverConfig {
-        transport,
-        server_name: cfg.server_name.clone(),
-        actor: cfg.actor.clone(),
-        on_behalf_of: cfg.on_behalf_of.clone(),
-        capture: cfg.capture.clone(),
-        capture_text: cfg.capture_text.clone(),
-        call_timeout: cfg.call_timeout,
-    }
-}
-
-pub(crate) fn report_config(cfg: &config::Config, transport: &'static str) -> report::ReportConfig {
-    report::ReportConfig {
-        target: cfg.ingest.clone(),
-        token: cfg.token.clone(),
-        flush: cfg.flush,
-        shutdown_flush: cfg.shutdown_flush,
-        transport,
-        debug: cfg.debug,
-        ingest_ca: cfg.ingest_ca.clone(),
-        pacer: None,
-    }
-}
-
-fn run_stdio(cfg: &config::Config) -> i32 {
-    let config::Mode::Stdio { program, args } = &cfg.mode else {
-        return EXIT_USAGE;
-    };
-    // With nowhere to send events and no --debug totals to print, observing would only cost
-    // CPU and memory on the server's path: relay unobserved, exactly as the kill switch would,
-    // but keeping the lifecycle (signals, grace periods, exit codes) of the wrapper.
-    if cfg.ingest == config::IngestTarget::Off && !cfg.debug {
-        return proxy::stdio::StdioProxy::new(program.clone(), args.clone()).run(None, None);
-    }
-    // One worker: parsing, correlation and reporting are light, and the relay does not run here.
-    // Its threads run below the relay's priority (see pace): on a shared CPU the
-    // relay always goes first and the observer catches up in the gaps.
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("observe-mcp")
-        .on_thread_start(|| {
-            pace::lower_current_thread();
-        })
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            // Fail open: without a runtime we can still relay, unobserved.
-            tracing::warn!("Cannot start the observer ({e}); running the server unobserved");
-            return proxy::stdio::StdioProxy::new(program.clone(), args.clone()).run(None, None);
-        }
-    };
-    // Observer and reporter share one thread and, on a CPU shared with the relay, one pace.
-    let pacer = std::sync::Arc::new(pace::Pacer::default());
-    let (queue, reporter) = {
-        let _guard = rt.enter();
-        report::start(report::ReportConfig {
-            pacer: Some(pacer.clone()),
-            ..report_config(cfg, "stdio")
-        })
-    };
-    let (c2s, s2c, rx, tap_stats) = tap::tap(tap::TAP_CAPACITY);
-    let observer = observe::Observer::new(observer_config(cfg, observe::Transport::Stdio), queue);
-    let observing = rt.spawn(observe::run_tap_observer(rx, observer, pacer.clone()));
-
-    let proxy = proxy::stdio::StdioProxy::new(program.clone(), args.clone());
-    // The relay runs on its own threads, not on the runtime: the caller's (main) thread spawns
-    // the child and drives the session.
-    let outcome = proxy.run_observed(c2s, s2c);
-
-    let cause = outcome.end_cause;
-    let stats = rt.block_on(async move {
-        let observer = observing.await.ok()?;
-        let (stats, queue) = observer.finish(Instant::now(), cause);
-        drop(queue);
-        Some(stats)
-    });
-    let report_stats = rt.block_on(reporter.shutdown());
-    if cfg.debug {
-        use std::sync::atomic::Ordering::Relaxed;
-        if let Some(s) = &stats {
-            tracing::debug!(
-                frames_c2s = s.frames[0],
-                frames_s2c = s.frames[1],
-                bytes_c2s = s.bytes[0],
-                bytes_s2c = s.bytes[1],
-                events = s.events,
-                non_json = s.non_json,
-                malformed = s.malformed,
-                oversize = s.oversize,
-                summarized = s.summarized,
-                duplicate_ids = s.duplicate_ids,
-                orphan_responses = s.orphan_responses,
-                gaps = s.gaps,
-                unobserved = s.unobserved,
-                redacted_tools = s.redacted_tools,
-                prose_withheld = s.prose_withheld,
-                shared_cpu = pacer.shared_cpu(),
-                rests = pacer.rests(),
-                yields = pacer.yields(),
-                "Observer totals"
-            );
-        }
-        tracing::debug!(
-            tap_dropped_chunks_c2s = tap_stats.dropped_chunks[0].load(Relaxed),
-            tap_dropped_chunks_s2c = tap_stats.dropped_chunks[1].load(Relaxed),
-            tap_dropped_bytes_c2s = tap_stats.dropped_bytes[0].load(Relaxed),
-            tap_dropped_bytes_s2c = tap_stats.dropped_bytes[1].load(Relaxed),
-            tap_skipped_bytes_c2s = tap_stats.skipped_bytes[0].load(Relaxed),
-            tap_skipped_bytes_s2c = tap_stats.skipped_bytes[1].load(Relaxed),
-            delivered = report_stats.delivered,
-            dropped = report_stats.dropped,
-            batches = report_stats.batches,
-            "Reporter totals"
-        );
-    }
-    rt.shutdown_timeout(std::time::Duration::from_millis(100));
-    outcome.exit_code
+    run::run(args, env)
 }

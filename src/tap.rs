@@ -14,6 +14,8 @@
 //! observer to read whole only the head and tail cross (see [`Trim`]).
 //! Must never block, never parse JSON, never log per chunk.
 
+pub mod http;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -93,7 +95,7 @@ pub struct TapStats {
 pub const TAP_CAPACITY: usize = 65_536;
 
 /// Most bytes queued at once (chunk bytes plus [`CHUNK_OVERHEAD`] per chunk). The observer runs
-/// at a lower CPU priority than the relay (see `observe::priority`), so on a busy CPU it
+/// at a lower CPU priority than the relay (see `crate::pace`), so on a busy CPU it
 /// falls behind during a burst and catches up in the gaps; this is how far behind it may fall.
 /// 8 MiB holds a 20,000-call pipelined burst of small `tools/call` messages (~6 MB) and more than
 /// one 5 MB frame; it is also the most the tap can ever add to the wrapper's memory.

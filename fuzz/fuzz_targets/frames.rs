@@ -1,6 +1,6 @@
 //! Arbitrary byte streams, cut at arbitrary points, through the two framers of the observer's
 //! input: the newline splitter (stdio, `observe::frame`) and the SSE parser (HTTP,
-//! `proxy::http::sse`); every frame they yield goes through `split_batch` and the peek.
+//! `observe::sse`); every frame they yield goes through `split_batch` and the peek.
 //!
 //! Input: `data[0] % 64` control bytes follow `data[0]`, the rest is the stream. The first
 //! control byte picks the limits (the real ones, or small ones so every path is reachable with
@@ -19,7 +19,7 @@ use bounded_observe_mcp::observe::frame::{
     split_batch, FrameSplitter, Split, Summarize, DEFAULT_FRAME_CAP, SUMMARIZE,
 };
 use bounded_observe_mcp::observe::peek::peek;
-use bounded_observe_mcp::proxy::http::sse::{SseParser, MAX_EVENT_DATA};
+use bounded_observe_mcp::observe::sse::{SseParser, MAX_EVENT_DATA};
 use libfuzzer_sys::fuzz_target;
 
 /// One result of the splitter, owned.

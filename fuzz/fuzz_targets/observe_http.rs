@@ -2,14 +2,15 @@
 //! proxy feeds it: request heads, response heads (status, `Mcp-Session-Id`, content type and
 //! encoding), body chunks in both directions cut anywhere (JSON bodies, SSE streams parsed
 //! incrementally), body ends of every kind and unreachable upstreams, for up to eight exchanges
-//! at once in any order; the watcher splits them into messages, assigns session scopes and the
-//! observer correlates them; then the calls still open time out or end with the process.
+//! at once in any order; the HTTP observation task (`observe::http`) splits them into messages,
+//! assigns session scopes and the observer correlates them; then the calls still open time out
+//! or end with the process.
 //!
 //! Input: records, `op % 8` the kind, `op / 8` its detail (exchange, method, status, content
 //! type, how a body ended, a clock step); a request head and a response head carry one more
 //! byte (session, status, content type), chunks a little-endian `u16` length and that many
-//! bytes. At most [`MAX_MESSAGES`] records, the watch channel's capacity: all are queued
-//! before the watcher runs.
+//! bytes. At most [`MAX_MESSAGES`] records, the hand-off's capacity: all are queued before the
+//! observation task runs.
 //!
 //! Asserts: no panic; every event built passes the sensor's own L3 filter and names the
 //! upstream as `dest.host`; with the libFuzzer memory limits, memory stays bounded by the caps.
@@ -19,14 +20,16 @@
 use std::time::{Duration, Instant};
 
 use bounded_observe_mcp::event::{filter_event, Event};
-use bounded_observe_mcp::observe::{EndCause, Observer, ObserverConfig, Transport};
-use bounded_observe_mcp::proxy::http::watch::{self, BodyEnd, ReqKind, WatchMsg, WATCH_CAPACITY};
+use bounded_observe_mcp::observe::{self, EndCause, Observer, ObserverConfig, Transport};
+use bounded_observe_mcp::tap::http::{
+    self as handoff, BodyEnd, ExchangeMsg, ReqKind, EXCHANGE_CAPACITY,
+};
 use bounded_observe_mcp::tap::Direction;
 use bytes::Bytes;
 use http::HeaderValue;
 use libfuzzer_sys::fuzz_target;
 
-const MAX_MESSAGES: usize = WATCH_CAPACITY;
+const MAX_MESSAGES: usize = EXCHANGE_CAPACITY;
 
 thread_local! {
     static RT: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
@@ -77,7 +80,7 @@ fuzz_target!(|data: &[u8]| {
                     break;
                 };
                 rest = r;
-                WatchMsg::Request {
+                ExchangeMsg::Request {
                     ex,
                     kind: KINDS[usize::from(detail >> 3)],
                     session: session(b),
@@ -88,7 +91,7 @@ fuzz_target!(|data: &[u8]| {
                     break;
                 };
                 rest = r;
-                WatchMsg::Response {
+                ExchangeMsg::Response {
                     ex,
                     status: STATUSES[usize::from(b & 7)],
                     session: session(b >> 3),
@@ -106,7 +109,7 @@ fuzz_target!(|data: &[u8]| {
                 let len = usize::from(u16::from_le_bytes(*len)).min(r.len());
                 let (chunk, r) = r.split_at(len);
                 rest = r;
-                WatchMsg::Chunk {
+                ExchangeMsg::Chunk {
                     ex,
                     dir: if k == 2 {
                         Direction::ClientToServer
@@ -118,7 +121,7 @@ fuzz_target!(|data: &[u8]| {
                     after_gap: detail >> 3 == 3,
                 }
             }
-            k @ (4 | 5) => WatchMsg::End {
+            k @ (4 | 5) => ExchangeMsg::End {
                 ex,
                 dir: if k == 4 {
                     Direction::ClientToServer
@@ -128,7 +131,7 @@ fuzz_target!(|data: &[u8]| {
                 seen,
                 how: ENDS[usize::from(detail >> 3)],
             },
-            6 => WatchMsg::Unreachable { ex, seen },
+            6 => ExchangeMsg::Unreachable { ex, seen },
             _ => {
                 clock += Duration::from_millis(u64::from(detail).pow(3) / 4);
                 continue;
@@ -149,12 +152,12 @@ fuzz_target!(|data: &[u8]| {
         call_timeout: Duration::from_secs(30),
     };
     let observer = Observer::new(cfg, Vec::<Event>::new());
-    let (tx, rx) = watch::channel();
+    let (tx, rx) = handoff::channel();
     for m in msgs {
         assert!(tx.offer(m), "the channel holds every message queued");
     }
     drop(tx);
-    let (mut observer, _totals) = RT.with(|rt| rt.block_on(watch::run(rx, observer)));
+    let (mut observer, _totals) = RT.with(|rt| rt.block_on(observe::http::run(rx, observer)));
     observer.on_tick(base + clock + Duration::from_secs(31));
     let (stats, events) =
         observer.finish(base + clock + Duration::from_secs(40), EndCause::SessionEnd);

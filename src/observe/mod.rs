@@ -26,8 +26,10 @@
 pub mod catalog;
 pub mod correlate;
 pub mod frame;
+pub mod http;
 pub mod outcome;
 pub mod peek;
+pub mod sse;
 pub mod summary;
 
 mod assemble;

@@ -1,15 +1,18 @@
 //! Streamable HTTP mode: a transparent reverse proxy in front of a remote MCP endpoint
 //! (DESIGN §1, §2a, §9).
 //!
-//! Owns the listener, the upstream connector (and one upstream client per client connection),
-//! the process's runtime, signal handling and shutdown.
-//! Goes in: the validated [`Config`] (`Mode::Http`). Comes out: an exit code. Each accepted
-//! connection is served by [`forward`] on a one-worker relay runtime; copies of what it forwards
-//! go to [`watch`], an observation task that owns the [`crate::observe::Observer`], on a thread
-//! and runtime of its own together with the reporter.
+//! Owns the [`Listener`], the upstream connector (and one upstream client per client
+//! connection), the relay's runtime, signal handling and shutdown.
+//! Goes in: the parsed [`Upstream`], the port, the drain deadline, the allowed origins and,
+//! when observed, the hand-off's sender, all given by the wiring (`crate::run`). Comes out: an
+//! exit code. Each accepted connection is served by [`forward`] on a one-worker relay runtime;
+//! copies of what it forwards go to the hand-off ([`crate::tap::http`]), read by the observer
+//! on a thread of its own.
 //! It must never change what the client or the upstream see: bodies are streamed frame by
 //! frame (an SSE event is relayed as soon as it arrives), only hop-by-hop headers are dropped,
-//! nothing is added (not even `Date`), and observation never makes the relay wait.
+//! nothing is added (not even `Date`), and observation never makes the relay wait. It knows no
+//! JSON-RPC, builds no event and reaches no ingest: it imports nothing from `observe`, `event`
+//! or `report`.
 //!
 //! Decisions a user sees (README):
 //! * **Listener**: `127.0.0.1` only, on `--port` or an ephemeral port; once it accepts it
@@ -49,12 +52,10 @@
 
 pub mod admit;
 mod forward;
-pub mod sse;
-pub mod watch;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::Uri;
@@ -64,9 +65,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-use crate::config::{Config, Mode};
+use crate::config::Origin;
 use crate::log::{redact_url, PREFIX};
-use crate::observe::{EndCause, Observer, Transport};
+use crate::tap::http::ExchangeSender;
 
 pub use forward::{strip_hop_by_hop, HEADER_SESSION_ID};
 
@@ -85,7 +86,7 @@ const UPSTREAM_READ_BUF: usize = 64 * 1024;
 /// Relay worker threads. One: the relay's work per request is a few header copies and
 /// hand-offs, and on one thread the hand-off between the upstream connection's task and the
 /// client's is not a cross-thread wake-up (measured: lower added latency than two workers on a
-/// 2-core machine). Observation and reporting run on a thread of their own ([`ObserverThread`]).
+/// 2-core machine). Observation and reporting run on a thread of their own (`crate::run`).
 const WORKER_THREADS: usize = 1;
 
 /// The upstream endpoint, parsed once.
@@ -139,94 +140,71 @@ impl Upstream {
     }
 }
 
-/// Runs the HTTP proxy until SIGINT/SIGTERM; returns the process exit code.
-pub fn run(cfg: &Config) -> i32 {
-    let Mode::Http { upstream, port } = &cfg.mode else {
-        return crate::EXIT_USAGE;
-    };
-    let upstream = match Upstream::parse(upstream) {
-        Ok(u) => u,
-        Err(e) => {
-            eprintln!("{PREFIX} error: {e}");
-            return EXIT_START_FAILED;
-        }
-    };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(WORKER_THREADS)
-        .thread_name("observe-mcp-http")
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("{PREFIX} error: cannot start the runtime: {e}");
-            return EXIT_START_FAILED;
-        }
-    };
-    let code = rt.block_on(serve(cfg, upstream, *port));
-    rt.shutdown_timeout(Duration::from_millis(100));
-    code
+/// The relay's listener, bound, with its runtime and upstream connector: the proxy between
+/// start-up (whose failures stop the process before anything is served) and serving.
+pub struct Listener {
+    listener: TcpListener,
+    connector: forward::UpstreamConnector,
+    port: u16,
+    rt: tokio::runtime::Runtime,
 }
 
-/// Observation and reporting on a thread and runtime of their own: parsing a 25 MB response
-/// or a slow ingest never takes a turn from the relay's worker.
-struct ObserverThread {
-    done: std::sync::mpsc::Receiver<()>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-/// On top of the reporter's own flush deadline: the observer's last work and thread exit.
-const OBSERVER_EXIT_GRACE: Duration = Duration::from_millis(500);
-
-impl ObserverThread {
-    fn start(cfg: &Config, host: String, rx: watch::WatchRx) -> std::io::Result<ObserverThread> {
-        let rt = tokio::runtime::Builder::new_current_thread()
+impl Listener {
+    /// Starts the relay's runtime and upstream connector and binds `127.0.0.1:port` (`0`: an
+    /// ephemeral port). An error is the line to print before exiting with [`EXIT_START_FAILED`].
+    pub fn bind(port: u16) -> Result<Listener, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(WORKER_THREADS)
+            .thread_name("observe-mcp-http")
             .enable_all()
-            .build()?;
-        let cfg = cfg.clone();
-        let (done_tx, done) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("observe-mcp-observer".into())
-            .spawn(move || {
-                rt.block_on(observe_and_report(&cfg, host, rx));
-                let _ = done_tx.send(());
-            })?;
-        Ok(ObserverThread { done, thread })
+            .build()
+            .map_err(|e| format!("cannot start the runtime: {e}"))?;
+        let connector = upstream_connector()?;
+        let listener = rt
+            .block_on(TcpListener::bind(SocketAddr::from((
+                Ipv4Addr::LOCALHOST,
+                port,
+            ))))
+            .map_err(|e| format!("cannot listen on 127.0.0.1:{port}: {e}"))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("cannot read the listening address: {e}"))?
+            .port();
+        Ok(Listener {
+            listener,
+            connector,
+            port,
+            rt,
+        })
     }
 
-    /// Waits for the observer to end what is in flight and the reporter to flush, within the
-    /// flush deadline; past it the process exits without them (the events are lost, said once).
-    fn join(self, flush: Duration) {
-        match self.done.recv_timeout(flush + OBSERVER_EXIT_GRACE) {
-            Ok(()) => {
-                let _ = self.thread.join();
-            }
-            Err(_) => tracing::warn!("Shutdown flush timed out; queued events dropped"),
-        }
-    }
-}
-
-/// The observer thread's whole life: runs until every forwarding handle is gone (shutdown).
-async fn observe_and_report(cfg: &Config, host: String, rx: watch::WatchRx) {
-    let (queue, reporter) = crate::report::start(crate::report_config(cfg, "http"));
-    let observer = Observer::new(crate::observer_config(cfg, Transport::Http { host }), queue);
-    let (observer, totals) = watch::run(rx, observer).await;
-    let (stats, queue) = observer.finish(Instant::now(), EndCause::SessionEnd);
-    drop(queue);
-    let report = reporter.shutdown().await;
-    if cfg.debug {
-        tracing::debug!(
-            frames_c2s = stats.frames[0],
-            frames_s2c = stats.frames[1],
-            events = stats.events,
-            exchanges = totals.exchanges,
-            unparsed_bodies = totals.unparsed_bodies,
-            compressed_bodies = totals.compressed_bodies,
-            unobserved = stats.unobserved,
-            delivered = report.delivered,
-            dropped = report.dropped,
-            "Observer and reporter totals"
+    /// Prints the `listening` line and relays to `upstream` until SIGINT/SIGTERM, then drains
+    /// for up to `drain`. Copies of what it forwards go to `handoff` (`None`: unobserved).
+    /// Returns the exit code (128 + the signal) once every connection is closed and the relay's
+    /// runtime is down, so no copy of `handoff` is left and the observation task can finish.
+    pub fn serve(
+        self,
+        upstream: Upstream,
+        drain: Duration,
+        allow_origins: &[Origin],
+        handoff: Option<ExchangeSender>,
+    ) -> i32 {
+        let Listener {
+            listener,
+            connector,
+            port,
+            rt,
+        } = self;
+        let admission = admit::Admission::new(
+            port,
+            &format!("{}://{}", upstream.scheme, upstream.authority),
+            allow_origins,
         );
+        let code = rt.block_on(serve(
+            listener, port, connector, upstream, admission, drain, handoff,
+        ));
+        rt.shutdown_timeout(Duration::from_millis(100));
+        code
     }
 }
 
@@ -341,55 +319,21 @@ fn connection_client(connector: forward::UpstreamConnector) -> forward::Upstream
         .build(connector)
 }
 
-async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
-    let connector = match upstream_connector() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{PREFIX} error: {e}");
-            return EXIT_START_FAILED;
-        }
-    };
-    let listener = match TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("{PREFIX} error: cannot listen on 127.0.0.1:{port}: {e}");
-            return EXIT_START_FAILED;
-        }
-    };
-    let local_port = match listener.local_addr() {
-        Ok(a) => a.port(),
-        Err(e) => {
-            eprintln!("{PREFIX} error: cannot read the listening address: {e}");
-            return EXIT_START_FAILED;
-        }
-    };
-
-    // Observation and reporting only when not disabled: the kill switch starts neither.
-    let mut observing = None;
-    let mut watch_tx = None;
-    if !cfg.disabled {
-        let (tx, rx) = watch::channel();
-        match ObserverThread::start(cfg, upstream.host(), rx) {
-            Ok(t) => {
-                observing = Some(t);
-                watch_tx = Some(tx);
-            }
-            // Fail open (invariant 8): relay unobserved.
-            Err(e) => tracing::warn!(error = %e, "Cannot start the observer; relaying unobserved"),
-        }
-    }
-    let watch_stats = watch_tx.as_ref().map(|w| w.stats.clone());
+async fn serve(
+    listener: TcpListener,
+    local_port: u16,
+    connector: forward::UpstreamConnector,
+    upstream: Upstream,
+    admission: admit::Admission,
+    drain: Duration,
+    handoff: Option<ExchangeSender>,
+) -> i32 {
     let display = upstream.display.clone();
-    let admission = admit::Admission::new(
-        local_port,
-        &format!("{}://{}", upstream.scheme, upstream.authority),
-        &cfg.allow_origins,
-    );
     let shutdown = Shutdown::new();
     let fwd = Arc::new(forward::Forwarder::new(
         upstream,
         connector,
-        watch_tx,
+        handoff,
         admission,
         shutdown.stopping(),
     ));
@@ -420,14 +364,12 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
     // exchanges in flight have until the drain deadline.
     drop(listener);
     shutdown.begin();
-    let drained = tokio::time::timeout(cfg.drain, async {
-        while conns.join_next().await.is_some() {}
-    })
-    .await;
+    let drained =
+        tokio::time::timeout(drain, async { while conns.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(
             connections = conns.len(),
-            drain_ms = cfg.drain.as_millis() as u64,
+            drain_ms = drain.as_millis() as u64,
             "Drain deadline passed; closing exchanges still in flight"
         );
     }
@@ -435,21 +377,6 @@ async fn serve(cfg: &Config, upstream: Upstream, port: u16) -> i32 {
     // of its requests closed.
     conns.shutdown().await;
     drop(fwd);
-
-    if let Some(t) = observing {
-        t.join(cfg.shutdown_flush);
-    }
-    if cfg.debug {
-        if let Some(s) = watch_stats {
-            use std::sync::atomic::Ordering::Relaxed;
-            tracing::debug!(
-                sent = s.sent.load(Relaxed),
-                dropped = s.dropped.load(Relaxed),
-                dropped_bytes = s.dropped_bytes.load(Relaxed),
-                "Observation channel totals"
-            );
-        }
-    }
     128 + signo
 }
 

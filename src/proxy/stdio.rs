@@ -3,8 +3,10 @@
 //!
 //! In: a server command, optionally one [`TapSender`] per direction. Out: the server's bytes on
 //! our stdout and the client's on its stdin, unchanged and in order; each chunk read also handed
-//! to the tap (the same bytes, not a copy); the exit code to use. It never writes anything of
-//! its own to stdout, never parses, and never lets the observer slow or stop a byte.
+//! to the tap (the same bytes, not a copy); a [`StdioOutcome`]: the exit code to use and who
+//! ended the session ([`SessionEnd`], which the wiring turns into how open calls end). It never
+//! writes anything of its own to stdout, never parses, never imports the observer, and never
+//! lets the observer slow or stop a byte.
 //!
 //! Threads: the caller's thread spawns the child (so `PR_SET_PDEATHSIG` stays armed: see
 //! [`child::spawn`]) and then runs the session loop below; one thread per relay direction
@@ -57,7 +59,6 @@ use signal_hook::iterator::Signals;
 pub use child::{exit_code, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_NO_STDIO};
 use relay::{Note, TapSlot};
 
-use crate::observe::EndCause;
 use crate::tap::TapSender;
 
 /// Size of one relay read. 64 KiB is the Linux pipe capacity: one read can empty a full pipe.
@@ -86,8 +87,17 @@ const FORWARDED_SIGNALS: [libc::c_int; 3] = [SIGINT, SIGTERM, SIGHUP];
 pub struct StdioOutcome {
     /// The child's exit code, or 128+N if killed by signal N; 126/127 if it could not start.
     pub exit_code: i32,
-    /// `Transport` if the child went away while the client was still connected.
-    pub end_cause: EndCause,
+    pub ended: SessionEnd,
+}
+
+/// Who ended the session: what calls still unanswered at the end are put down to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The client finished first (closed our stdin, or went away), or the server was never
+    /// seen going away on its own.
+    ByClient,
+    /// The server went away while the client was still connected, or never ran.
+    ServerGone,
 }
 
 /// The wrapped server and how to run it. See the module docs for the lifecycle.
@@ -109,21 +119,12 @@ impl StdioProxy {
         StdioProxy { program, args }
     }
 
-    /// Runs the session, optionally tapped, and returns the exit code. Blocks until the child is
+    /// Runs the session, optionally tapped, and says how it ended. Blocks until the child is
     /// gone. Call it from a thread that lives as long as the session (see [`child::spawn`]).
-    pub fn run(self, c2s: Option<TapSender>, s2c: Option<TapSender>) -> i32 {
-        self.session(c2s, s2c).exit_code
-    }
-
-    /// Runs the session with both directions tapped; blocks until it is over.
-    pub fn run_observed(self, c2s: TapSender, s2c: TapSender) -> StdioOutcome {
-        self.session(Some(c2s), Some(s2c))
-    }
-
-    fn session(self, c2s: Option<TapSender>, s2c: Option<TapSender>) -> StdioOutcome {
+    pub fn run(self, c2s: Option<TapSender>, s2c: Option<TapSender>) -> StdioOutcome {
         let fail = |exit_code| StdioOutcome {
             exit_code,
-            end_cause: EndCause::Transport,
+            ended: SessionEnd::ServerGone,
         };
         // Our own stdin/stdout as unbuffered files: `io::stdout()` is line-buffered and would
         // hold a partial last line; duplicates leave the process's fds 0/1 untouched.
@@ -219,7 +220,7 @@ impl StdioProxy {
                 group.signal(Signal::SIGKILL);
                 Drive {
                     exited: true,
-                    end_cause: EndCause::Transport,
+                    ended: SessionEnd::ServerGone,
                 }
             }
         };
@@ -250,10 +251,9 @@ impl StdioProxy {
                 128 + libc::SIGKILL
             }
         };
-        tracing::debug!(exit_code, end_cause = ?outcome.end_cause, "Session ended");
         StdioOutcome {
             exit_code,
-            end_cause: outcome.end_cause,
+            ended: outcome.ended,
         }
     }
 }
@@ -297,7 +297,7 @@ fn start_threads(
 struct Drive {
     /// The child has exited (and can be reaped without blocking).
     exited: bool,
-    end_cause: EndCause,
+    ended: SessionEnd,
 }
 
 /// The session loop: reacts to relay/waiter notes and escalates on deadlines until the child
@@ -306,7 +306,7 @@ fn drive(group: &child::ChildGroup, rx: &mpsc::Receiver<Note>) -> Drive {
     let mut client_done = false;
     let mut server_eof = false;
     let mut exited = false;
-    let mut end_cause = EndCause::SessionEnd;
+    let mut ended = SessionEnd::ByClient;
     let mut deadline: Option<(Instant, Escalation)> = None;
 
     while !(exited && server_eof) {
@@ -329,7 +329,7 @@ fn drive(group: &child::ChildGroup, rx: &mpsc::Receiver<Note>) -> Drive {
             Ok(Note::ChildExited) => {
                 exited = true;
                 if !client_done {
-                    end_cause = EndCause::Transport;
+                    ended = SessionEnd::ServerGone;
                 }
                 if !server_eof && deadline.is_none() {
                     deadline = Some((Instant::now() + DRAIN_GRACE, Escalation::Term));
@@ -364,7 +364,7 @@ fn drive(group: &child::ChildGroup, rx: &mpsc::Receiver<Note>) -> Drive {
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    Drive { exited, end_cause }
+    Drive { exited, ended }
 }
 
 /// Kill switch (invariant 7): replaces this process with the server. Returns only if exec

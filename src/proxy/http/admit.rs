@@ -9,13 +9,16 @@
 //!
 //! Owns the accepted `Host`s (`127.0.0.1`, `localhost`, `[::1]`, each with the bound port), the
 //! accepted `Origin`s (any loopback origin, the upstream's own, and `--allow-origin`), and the
-//! one warning per kind of refusal. Goes in: a request's head. Comes out: admitted, or the
+//! one warning per kind of refusal; [`Origin`] itself, as configuration validates it, is
+//! [`crate::config`]'s. Goes in: a request's head. Comes out: admitted, or the
 //! [`Refusal`] to answer with. It must never read a body, reach the upstream, or log per request.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{StatusCode, Uri};
+
+use crate::config::{parse_authority, Origin};
 
 /// The names a loopback client may put in `Host` (lower case): the listener binds 127.0.0.1,
 /// and `localhost` and `[::1]` are how clients name the same machine. A DNS name an attacker
@@ -32,91 +35,9 @@ const DEFAULT_HTTP_PORT: u16 = 80;
 /// Longest refused value quoted in the warning: enough to recognise it, too short to flood.
 const MAX_LOGGED_VALUE: usize = 100;
 
-/// An origin, `scheme://host[:port]`, normalised for comparison: scheme and host in lower case,
-/// the scheme's default port dropped (`https://a.example:443` is `https://a.example`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
-    scheme: String,
-    host: String,
-    port: Option<u16>,
-}
-
-impl Origin {
-    /// Parses `scheme://host[:port]`, as browsers send it in `Origin` (one trailing `/` is
-    /// tolerated, for hand-written `--allow-origin` values). `None` for anything else: a path,
-    /// a query, credentials, a wildcard, or the opaque origin `null`.
-    pub fn parse(s: &str) -> Option<Origin> {
-        let (scheme, rest) = s.split_once("://")?;
-        let mut chars = scheme.chars();
-        let scheme_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
-            && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
-        if !scheme_ok {
-            return None;
-        }
-        let scheme = scheme.to_ascii_lowercase();
-        let (host, port) = parse_authority(rest.strip_suffix('/').unwrap_or(rest))?;
-        let default = match scheme.as_str() {
-            "http" => Some(80),
-            "https" => Some(443),
-            _ => None,
-        };
-        let port = port.filter(|p| Some(*p) != default);
-        Some(Origin { scheme, host, port })
-    }
-
-    fn is_loopback(&self) -> bool {
-        LOOPBACK_ORIGIN_SCHEMES.contains(&self.scheme.as_str())
-            && LOOPBACK_HOSTS.contains(&self.host.as_str())
-    }
-}
-
-impl std::fmt::Display for Origin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}://{}", self.scheme, self.host)?;
-        match self.port {
-            Some(p) => write!(f, ":{p}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Splits `host[:port]` (`[v6]` literals in brackets); the host in lower case. `None` when it
-/// is not a plain authority: empty, credentials, a path, characters no host name has.
-fn parse_authority(s: &str) -> Option<(String, Option<u16>)> {
-    let (host, port) = if s.starts_with('[') {
-        let end = s.find(']')?;
-        let literal = &s[1..end];
-        if literal.is_empty()
-            || !literal
-                .chars()
-                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
-        {
-            return None;
-        }
-        (&s[..=end], &s[end + 1..])
-    } else {
-        let end = s.find(':').unwrap_or(s.len());
-        let host = &s[..end];
-        if host.is_empty()
-            || !host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-        {
-            return None;
-        }
-        (host, &s[end..])
-    };
-    let port = match port {
-        "" => None,
-        p => {
-            let digits = p.strip_prefix(':')?;
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            Some(digits.parse::<u16>().ok()?)
-        }
-    };
-    Some((host.to_ascii_lowercase(), port))
+/// A page served from this machine, over either scheme and on any port.
+fn is_loopback(origin: &Origin) -> bool {
+    LOOPBACK_ORIGIN_SCHEMES.contains(&origin.scheme()) && LOOPBACK_HOSTS.contains(&origin.host())
 }
 
 /// Why a request was refused; each kind is warned about once.
@@ -231,7 +152,7 @@ impl Admission {
             return Err(shown(value));
         }
         match value.to_str().ok().and_then(Origin::parse) {
-            Some(o) if o.is_loopback() || self.origins.contains(&o) => Ok(()),
+            Some(o) if is_loopback(&o) || self.origins.contains(&o) => Ok(()),
             _ => Err(shown(value)),
         }
     }
@@ -404,36 +325,6 @@ mod tests {
                 Err(Refusal::ForeignOrigin),
                 "{origins:?}"
             );
-        }
-    }
-
-    #[test]
-    fn origin_parsing_normalises_and_rejects_non_origins() {
-        assert_eq!(
-            Origin::parse("HTTPS://App.Example:443/").map(|o| o.to_string()),
-            Some("https://app.example".to_string())
-        );
-        assert_eq!(
-            Origin::parse("http://[::1]:8080").map(|o| o.to_string()),
-            Some("http://[::1]:8080".to_string())
-        );
-        assert_eq!(
-            Origin::parse("vscode-webview://abc123").map(|o| o.to_string()),
-            Some("vscode-webview://abc123".to_string())
-        );
-        for bad in [
-            "null",
-            "*",
-            "app.example",
-            "https://",
-            "https://app.example/path",
-            "https://app.example?x=1",
-            "https://user@app.example",
-            "https://*.example",
-            "https://app.example:",
-            "1http://app.example",
-        ] {
-            assert_eq!(Origin::parse(bad), None, "{bad}");
         }
     }
 }

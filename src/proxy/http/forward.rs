@@ -4,8 +4,8 @@
 //! Owns the header policy, the upstream URI mapping, the 502 for an unreachable upstream, the
 //! refusal of requests [`Admission`] does not admit (before anything reaches the upstream), and
 //! [`TeeBody`], the body wrapper that hands each forwarded chunk's `Bytes` copy to the
-//! observation channel after passing it on. Goes in: a hyper request. Comes out: a hyper
-//! response whose body yields the upstream's frames as they arrive. It must never buffer a
+//! hand-off ([`crate::tap::http`]) after passing it on. Goes in: a hyper request. Comes out: a
+//! hyper response whose body yields the upstream's frames as they arrive. It must never buffer a
 //! body, add a header the upstream did not send, parse JSON, or wait on the observer.
 
 use std::future::Future;
@@ -25,8 +25,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 
 use super::admit::{Admission, Refusal};
-use super::watch::{BodyEnd, ReqKind, WatchMsg, WatchTx};
 use super::{Stopping, Upstream};
+use crate::tap::http::{is_event_stream, BodyEnd, BodyKind, ExchangeMsg, ExchangeSender, ReqKind};
 use crate::tap::Direction;
 
 /// `Mcp-Session-Id`: names the session the observer scopes correlation by (hashed there).
@@ -62,8 +62,8 @@ pub type UpstreamClient = Client<UpstreamConnector, TeeBody>;
 pub struct Forwarder {
     pub upstream: Upstream,
     pub connector: UpstreamConnector,
-    /// `None` with the kill switch: no observation at all.
-    pub watch: Option<WatchTx>,
+    /// `None` with the kill switch (or no observer): no observation at all.
+    pub handoff: Option<ExchangeSender>,
     /// Which requests may reach the upstream (`Host`, `Origin`); kept with the kill switch.
     admission: Admission,
     /// Ends GET event streams when the listener stops.
@@ -75,14 +75,14 @@ impl Forwarder {
     pub(crate) fn new(
         upstream: Upstream,
         connector: UpstreamConnector,
-        watch: Option<WatchTx>,
+        handoff: Option<ExchangeSender>,
         admission: Admission,
         stopping: Stopping,
     ) -> Self {
         Forwarder {
             upstream,
             connector,
-            watch,
+            handoff,
             admission,
             stopping,
             next_exchange: AtomicU64::new(1),
@@ -166,7 +166,7 @@ impl Body for ProxyBody {
 
 /// Where a teed body sends its copies.
 struct Tee {
-    watch: WatchTx,
+    handoff: ExchangeSender,
     ex: u64,
     dir: Direction,
     /// A chunk of this body was dropped: the next one that gets through says so.
@@ -180,7 +180,7 @@ impl Tee {
         if !self.copy {
             return;
         }
-        let sent = self.watch.offer(WatchMsg::Chunk {
+        let sent = self.handoff.offer(ExchangeMsg::Chunk {
             ex: self.ex,
             dir: self.dir,
             seen: Instant::now(),
@@ -191,7 +191,7 @@ impl Tee {
     }
 
     fn end(&self, how: BodyEnd) {
-        self.watch.offer(WatchMsg::End {
+        self.handoff.offer(ExchangeMsg::End {
             ex: self.ex,
             dir: self.dir,
             seen: Instant::now(),
@@ -309,20 +309,20 @@ impl Drop for TeeBody {
 /// Ends an exchange the observer would otherwise never see end: the client went away before
 /// the upstream's response head (the future was dropped), so no response body will report it.
 struct ExchangeGuard<'a> {
-    watch: Option<&'a WatchTx>,
+    handoff: Option<&'a ExchangeSender>,
     ex: u64,
 }
 
 impl ExchangeGuard<'_> {
     fn answered(mut self) {
-        self.watch = None;
+        self.handoff = None;
     }
 }
 
 impl Drop for ExchangeGuard<'_> {
     fn drop(&mut self) {
-        if let Some(w) = self.watch {
-            w.offer(WatchMsg::End {
+        if let Some(w) = self.handoff {
+            w.offer(ExchangeMsg::End {
                 ex: self.ex,
                 dir: Direction::ServerToClient,
                 seen: Instant::now(),
@@ -332,24 +332,16 @@ impl Drop for ExchangeGuard<'_> {
     }
 }
 
-/// Whether a body can carry JSON-RPC the observer reads: JSON or SSE, not compressed. Anything
-/// else (a file download, a compressed body) is relayed without copies, so it costs the
-/// observer nothing. A request without a content type is given the benefit of the doubt.
+/// Whether a body's chunks are copied to the hand-off: only when observation will read them
+/// ([`BodyKind`], the rule it applies too). Anything else (a file download, a compressed body)
+/// is relayed without copies, so it costs the observer nothing. A request without a content
+/// type is given the benefit of the doubt.
 fn may_hold_json_rpc(headers: &HeaderMap, untyped_ok: bool) -> bool {
-    if headers
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-    {
-        return false;
+    match BodyKind::of_headers(headers) {
+        BodyKind::Json | BodyKind::Sse => true,
+        BodyKind::Untyped => untyped_ok,
+        BodyKind::Compressed | BodyKind::Other => false,
     }
-    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
-        return untyped_ok;
-    };
-    let ct = ct.as_bytes();
-    let essence = ct.split(|&b| b == b';').next().unwrap_or(ct).trim_ascii();
-    essence.eq_ignore_ascii_case(b"application/json")
-        || essence.eq_ignore_ascii_case(b"text/event-stream")
-        || essence.len() > 5 && essence[essence.len() - 5..].eq_ignore_ascii_case(b"+json")
 }
 
 fn req_kind(m: &Method) -> ReqKind {
@@ -400,19 +392,6 @@ fn refused(refusal: Refusal) -> Response<ProxyBody> {
     resp
 }
 
-/// Whether a response is an event stream; a GET's is the session's stream (see
-/// [`ProxyBody::Stream`]).
-fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers.get(header::CONTENT_TYPE).is_some_and(|ct| {
-        let ct = ct.as_bytes();
-        ct.split(|&b| b == b';')
-            .next()
-            .unwrap_or(ct)
-            .trim_ascii()
-            .eq_ignore_ascii_case(b"text/event-stream")
-    })
-}
-
 /// Forwards one request. Never fails: an upstream failure is the client's 502.
 pub async fn forward(
     fwd: Arc<Forwarder>,
@@ -430,8 +409,8 @@ pub async fn forward(
     };
     let ex = fwd.next_exchange.fetch_add(1, Ordering::Relaxed);
     let kind = req_kind(&parts.method);
-    if let Some(w) = &fwd.watch {
-        w.offer(WatchMsg::Request {
+    if let Some(w) = &fwd.handoff {
+        w.offer(ExchangeMsg::Request {
             ex,
             kind,
             session: parts.headers.get(HEADER_SESSION_ID).cloned(),
@@ -444,8 +423,8 @@ pub async fn forward(
     parts.uri = uri;
     parts.version = Version::HTTP_11;
 
-    let tee = fwd.watch.as_ref().map(|w| Tee {
-        watch: w.clone(),
+    let tee = fwd.handoff.as_ref().map(|w| Tee {
+        handoff: w.clone(),
         ex,
         dir: Direction::ClientToServer,
         gap: false,
@@ -459,7 +438,7 @@ pub async fn forward(
     }
 
     let guard = ExchangeGuard {
-        watch: fwd.watch.as_ref(),
+        handoff: fwd.handoff.as_ref(),
         ex,
     };
     let result = client.request(Request::from_parts(parts, req_body)).await;
@@ -467,8 +446,8 @@ pub async fn forward(
     match result {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
-            if let Some(w) = &fwd.watch {
-                w.offer(WatchMsg::Response {
+            if let Some(w) = &fwd.handoff {
+                w.offer(ExchangeMsg::Response {
                     ex,
                     status: parts.status.as_u16(),
                     session: parts.headers.get(HEADER_SESSION_ID).cloned(),
@@ -479,8 +458,8 @@ pub async fn forward(
             }
             strip_hop_by_hop(&mut parts.headers);
             let copy = may_hold_json_rpc(&parts.headers, false);
-            let tee = fwd.watch.as_ref().map(|w| Tee {
-                watch: w.clone(),
+            let tee = fwd.handoff.as_ref().map(|w| Tee {
+                handoff: w.clone(),
                 ex,
                 dir: Direction::ServerToClient,
                 gap: false,
@@ -504,10 +483,10 @@ pub async fn forward(
                 error = %error_chain(&e),
                 "Upstream unreachable; answering 502"
             );
-            if let Some(w) = &fwd.watch {
+            if let Some(w) = &fwd.handoff {
                 let rest = slot.lock().ok().and_then(|mut s| s.take());
                 drain_for_observation(w, ex, rest).await;
-                w.offer(WatchMsg::Unreachable {
+                w.offer(ExchangeMsg::Unreachable {
                     ex,
                     seen: Instant::now(),
                 });
@@ -522,14 +501,14 @@ pub async fn forward(
 
 /// Reads what is left of a request body the upstream never took, into the observation channel
 /// only, within a deadline: the calls in it become 502 events.
-async fn drain_for_observation(w: &WatchTx, ex: u64, rest: Option<Incoming>) {
+async fn drain_for_observation(w: &ExchangeSender, ex: u64, rest: Option<Incoming>) {
     let Some(rest) = rest else {
         return;
     };
     let mut body = TeeBody::new(
         rest,
         Some(Tee {
-            watch: w.clone(),
+            handoff: w.clone(),
             ex,
             dir: Direction::ClientToServer,
             gap: false,

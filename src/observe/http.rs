@@ -1,14 +1,13 @@
-//! The HTTP observation task: turns copies of forwarded exchanges into observer calls.
+//! HTTP observation: turns the relay's hand-off of forwarded exchanges into observer calls.
 //!
-//! Owns the bounded channel between the forwarding path and the [`Observer`], and the
-//! per-exchange state the observer needs: which correlation scope an exchange belongs to (one
-//! per `Mcp-Session-Id`, named by a keyed hash; or one per POST when there is no session), the
-//! request body until it is complete, and the response body as JSON or as SSE events.
-//! Goes in: [`WatchMsg`]s, sent with `try_send` by the forwarding path (a full channel is a
-//! counted drop, never a wait). Comes out: `on_request_body`, `on_frame`, `on_http_failure`,
-//! `end_unobserved`, `set_scope_session`, `end_scope` calls on the observer. It never touches
-//! the bytes the client or upstream see, never holds a raw session id past hashing it, and
-//! bounds every buffer it keeps.
+//! Owns the per-exchange state the [`Observer`] needs: which correlation scope an exchange
+//! belongs to (one per `Mcp-Session-Id`, named by a keyed hash, [`SessionNamer`]; or one per
+//! POST when there is no session), the request body until it is complete, and the response body
+//! as JSON or as SSE events ([`super::sse`]). Goes in: [`ExchangeMsg`]s from the hand-off
+//! ([`crate::tap::http`]). Comes out: `on_request_body`, `on_frame`, `on_http_failure`,
+//! `end_unobserved`, `set_scope_session`, `end_scope` calls on the observer, which correlates
+//! and builds events as it does for stdio. It never touches the bytes the client or upstream
+//! see, never holds a raw session id past hashing it, and bounds every buffer it keeps.
 //!
 //! An answer it cannot read is never reported as a failure (DESIGN §2 invariant 10): when a 2xx
 //! response to a POST has no or another content type, is compressed, outgrows
@@ -18,24 +17,19 @@
 //! cannot tell whose message was lost.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::HeaderValue;
-use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TryRecvError;
 
+use super::peek::RpcId;
 use super::sse::SseParser;
+use super::{EndCause, Observer, StreamId, TICK};
 use crate::event::EventSink;
-use crate::observe::peek::RpcId;
-use crate::observe::{EndCause, Observer, StreamId};
+use crate::tap::http::{BodyEnd, BodyKind, ExchangeMsg, ExchangeReceiver, ExchangeStats, ReqKind};
 use crate::tap::Direction;
-
-/// Messages in flight between the forwarding path and the observation task. A body chunk is
-/// whatever hyper read (at most its ~400 KiB read buffer, usually 8–64 KiB), so a lagging
-/// observer holds tens of MiB at worst; past that the forwarding path drops and counts.
-pub const WATCH_CAPACITY: usize = 256;
 
 /// Largest JSON body (request, or `application/json` response) kept for parsing. Bodies up to
 /// 25 MB are relayed and observed; a larger one is relayed and counted, not parsed.
@@ -54,124 +48,9 @@ const SESSION_HASH_HEX: usize = 16;
 
 /// How long the observation task lets messages gather before reading them again. Short
 /// against any call's duration (timings are stamped on the relay, not here), long enough to
-/// batch a burst; at [`WATCH_CAPACITY`] messages per window the channel cannot fill on loopback
-/// speeds of small messages, and large bodies arrive in large chunks.
+/// batch a burst; at [`crate::tap::http::EXCHANGE_CAPACITY`] messages per window the channel
+/// cannot fill on loopback speeds of small messages, and large bodies arrive in large chunks.
 const BATCH_WINDOW: Duration = Duration::from_millis(1);
-
-/// How often in-flight calls are checked against the call timeout.
-const TICK: Duration = Duration::from_secs(1);
-
-/// The HTTP method of an exchange, as far as observation cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReqKind {
-    Post,
-    Get,
-    Delete,
-    Other,
-}
-
-/// What the forwarding path reports. Header values are `Bytes`-backed: cloning one is cheap.
-#[derive(Debug)]
-pub enum WatchMsg {
-    /// A request arrived and is being forwarded.
-    Request {
-        ex: u64,
-        kind: ReqKind,
-        session: Option<HeaderValue>,
-    },
-    /// The upstream answered with this head.
-    Response {
-        ex: u64,
-        status: u16,
-        session: Option<HeaderValue>,
-        content_type: Option<HeaderValue>,
-        content_encoding: Option<HeaderValue>,
-        seen: Instant,
-    },
-    /// Bytes forwarded in one direction.
-    Chunk {
-        ex: u64,
-        dir: Direction,
-        seen: Instant,
-        bytes: Bytes,
-        after_gap: bool,
-    },
-    /// A body ended, or (for `ServerToClient`) the exchange ended before a response body began.
-    End {
-        ex: u64,
-        dir: Direction,
-        seen: Instant,
-        how: BodyEnd,
-    },
-    /// The upstream could not be reached or failed before answering: the client got a 502.
-    Unreachable { ex: u64, seen: Instant },
-}
-
-/// How a forwarded body ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyEnd {
-    /// It reached its end.
-    Complete,
-    /// Its source failed mid-body (the upstream or the client dropped the connection).
-    SourceFailed,
-    /// Its reader went away first: the client disconnected (the cancellation in 2026-07-28).
-    ReaderGone,
-}
-
-/// Counters shared with the forwarding path.
-#[derive(Debug, Default)]
-pub struct WatchStats {
-    pub sent: AtomicU64,
-    pub dropped: AtomicU64,
-    pub dropped_bytes: AtomicU64,
-}
-
-/// The forwarding path's handle: cheap to clone, never blocks.
-#[derive(Clone)]
-pub struct WatchTx {
-    tx: mpsc::Sender<WatchMsg>,
-    pub stats: Arc<WatchStats>,
-}
-
-impl WatchTx {
-    /// Offers a message; a full channel is counted, never waited on. Returns whether it went.
-    pub fn offer(&self, msg: WatchMsg) -> bool {
-        let len = match &msg {
-            WatchMsg::Chunk { bytes, .. } => bytes.len() as u64,
-            _ => 0,
-        };
-        match self.tx.try_send(msg) {
-            Ok(()) => {
-                self.stats.sent.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(_) => {
-                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                self.stats.dropped_bytes.fetch_add(len, Ordering::Relaxed);
-                false
-            }
-        }
-    }
-}
-
-/// The observation task's end of the channel; sees the drop counter, so it knows when a
-/// message it was owed never came.
-pub struct WatchRx {
-    rx: mpsc::Receiver<WatchMsg>,
-    stats: Arc<WatchStats>,
-}
-
-pub fn channel() -> (WatchTx, WatchRx) {
-    let (tx, rx) = mpsc::channel(WATCH_CAPACITY);
-    let stats = Arc::new(WatchStats::default());
-    (
-        WatchTx {
-            tx,
-            stats: stats.clone(),
-        },
-        WatchRx { rx, stats },
-    )
-}
 
 /// Names sessions in events: HMAC-SHA-256 of the raw `Mcp-Session-Id` under a key drawn at
 /// random when the process starts and never stored or sent, short lower-case hex. Unkeyed, a
@@ -241,11 +120,14 @@ struct Exchange {
 
 /// Counters for `--debug`.
 #[derive(Debug, Default, Clone)]
-pub struct WatchTotals {
+pub struct HttpTotals {
     pub exchanges: u64,
     pub unparsed_bodies: u64,
     pub compressed_bodies: u64,
+    /// Exchanges forgotten to make room (`MAX_EXCHANGES` open at once): an end message was lost.
     pub evicted: u64,
+    /// SSE events skipped for carrying more than [`super::sse::MAX_EVENT_DATA`] of data.
+    pub oversized_events: u64,
 }
 
 struct Watcher<S: EventSink> {
@@ -254,16 +136,16 @@ struct Watcher<S: EventSink> {
     /// Session name → (scope, order of first sight).
     sessions: HashMap<String, (StreamId, u64)>,
     next_scope: u64,
-    totals: WatchTotals,
+    totals: HttpTotals,
     /// `None`: no randomness for a key; sessions are then told apart but not named in events.
     namer: Option<SessionNamer>,
     /// The channel's counters, and how many drops have been accounted for.
-    stats: Arc<WatchStats>,
+    stats: Arc<ExchangeStats>,
     drops_seen: u64,
 }
 
 impl<S: EventSink> Watcher<S> {
-    fn new(observer: Observer<S>, stats: Arc<WatchStats>) -> Self {
+    fn new(observer: Observer<S>, stats: Arc<ExchangeStats>) -> Self {
         let namer = SessionNamer::new();
         if namer.is_none() {
             tracing::warn!("No randomness for a session key: events carry no session.id");
@@ -273,7 +155,7 @@ impl<S: EventSink> Watcher<S> {
             exchanges: BTreeMap::new(),
             sessions: HashMap::new(),
             next_scope: 1,
-            totals: WatchTotals::default(),
+            totals: HttpTotals::default(),
             namer,
             stats,
             drops_seen: 0,
@@ -299,9 +181,11 @@ impl<S: EventSink> Watcher<S> {
 }
 
 /// Runs until every sender is gone, then returns the observer for `finish`.
-pub async fn run<S: EventSink>(rx: WatchRx, observer: Observer<S>) -> (Observer<S>, WatchTotals) {
-    let WatchRx { mut rx, stats } = rx;
-    let mut w = Watcher::new(observer, stats);
+pub async fn run<S: EventSink>(
+    mut rx: ExchangeReceiver,
+    observer: Observer<S>,
+) -> (Observer<S>, HttpTotals) {
+    let mut w = Watcher::new(observer, rx.stats());
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     'run: loop {
@@ -321,8 +205,8 @@ pub async fn run<S: EventSink>(rx: WatchRx, observer: Observer<S>) -> (Observer<
         loop {
             match rx.try_recv() {
                 Ok(m) => w.handle(m),
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => break 'run,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => break 'run,
             }
         }
         tokio::time::sleep(BATCH_WINDOW).await;
@@ -342,10 +226,10 @@ fn is_2xx(status: u16) -> bool {
 }
 
 impl<S: EventSink> Watcher<S> {
-    fn handle(&mut self, msg: WatchMsg) {
+    fn handle(&mut self, msg: ExchangeMsg) {
         self.account_drops();
         match msg {
-            WatchMsg::Request { ex, kind, session } => {
+            ExchangeMsg::Request { ex, kind, session } => {
                 self.totals.exchanges += 1;
                 if self.exchanges.len() >= MAX_EXCHANGES {
                     if let Some((&old, x)) = self.exchanges.iter_mut().next() {
@@ -375,7 +259,7 @@ impl<S: EventSink> Watcher<S> {
                     },
                 );
             }
-            WatchMsg::Response {
+            ExchangeMsg::Response {
                 ex,
                 status,
                 session,
@@ -383,15 +267,15 @@ impl<S: EventSink> Watcher<S> {
                 content_encoding,
                 seen,
             } => self.on_response(ex, status, session, content_type, content_encoding, seen),
-            WatchMsg::Chunk {
+            ExchangeMsg::Chunk {
                 ex,
                 dir,
                 seen,
                 bytes,
                 after_gap,
             } => self.on_chunk(ex, dir, seen, &bytes, after_gap),
-            WatchMsg::End { ex, dir, seen, how } => self.on_end(ex, dir, seen, how),
-            WatchMsg::Unreachable { ex, seen } => {
+            ExchangeMsg::End { ex, dir, seen, how } => self.on_end(ex, dir, seen, how),
+            ExchangeMsg::Unreachable { ex, seen } => {
                 let Some(x) = self.exchanges.get_mut(&ex) else {
                     return;
                 };
@@ -471,44 +355,29 @@ impl<S: EventSink> Watcher<S> {
             return;
         }
         self.assign_scope(ex, session.as_ref());
-        let compressed = content_encoding
-            .as_ref()
-            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
-        let ct = content_type
-            .as_ref()
-            .map(|v| v.as_bytes().to_ascii_lowercase())
-            .unwrap_or_default();
-        let sse = ct.starts_with(b"text/event-stream");
-        let json = ct.starts_with(b"application/json")
-            || ct
-                .split(|&b| b == b';')
-                .next()
-                .is_some_and(|e| e.ends_with(b"+json"));
-        let body = if compressed && (sse || json) {
-            if self.totals.compressed_bodies == 0 {
-                let encoding = content_encoding
-                    .as_ref()
-                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-                    .unwrap_or_default();
-                tracing::warn!(
-                    encoding,
-                    "The upstream compresses MCP responses: they are relayed as sent, and the \
-                     calls they answer are not observed"
-                );
-            }
-            self.totals.compressed_bodies += 1;
-            RespBody::Ignored
-        } else if compressed {
-            RespBody::Ignored
-        } else if sse {
-            RespBody::Sse(SseParser::new())
-        } else if json {
-            RespBody::Json {
+        // The relay copied this body's chunks only if it is `Json` or `Sse`, by the same rule.
+        let body = match BodyKind::of(content_type.as_ref(), content_encoding.as_ref()) {
+            BodyKind::Json => RespBody::Json {
                 buf: Vec::new(),
                 usable: true,
+            },
+            BodyKind::Sse => RespBody::Sse(SseParser::new()),
+            BodyKind::Compressed => {
+                if self.totals.compressed_bodies == 0 {
+                    let encoding = content_encoding
+                        .as_ref()
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                        .unwrap_or_default();
+                    tracing::warn!(
+                        encoding,
+                        "The upstream compresses MCP responses: they are relayed as sent, and \
+                         the calls they answer are not observed"
+                    );
+                }
+                self.totals.compressed_bodies += 1;
+                RespBody::Ignored
             }
-        } else {
-            RespBody::Ignored
+            BodyKind::Untyped | BodyKind::Other => RespBody::Ignored,
         };
         let readable = matches!(body, RespBody::Json { .. } | RespBody::Sse(_));
         let Some(x) = self.exchanges.get_mut(&ex) else {
@@ -618,7 +487,9 @@ impl<S: EventSink> Watcher<S> {
                             p.lost_bytes();
                             x.answers_lost = true;
                         }
+                        let oversized = p.stats.oversized;
                         p.feed(bytes, &mut |data| frames.push(data.to_vec()));
+                        self.totals.oversized_events += p.stats.oversized - oversized;
                     }
                 }
                 for f in frames {
@@ -717,6 +588,7 @@ mod tests {
     use super::*;
     use crate::event::Event;
     use crate::observe::{ObserverConfig, ObserverStats, Transport};
+    use bytes::Bytes;
 
     #[test]
     fn session_name_is_short_stable_hex_keyed_per_namer() {
@@ -759,8 +631,8 @@ mod tests {
         Watcher::new(Observer::new(cfg, Vec::new()), Arc::default())
     }
 
-    fn chunk(dir: Direction, bytes: &'static [u8], after_gap: bool) -> WatchMsg {
-        WatchMsg::Chunk {
+    fn chunk(dir: Direction, bytes: &'static [u8], after_gap: bool) -> ExchangeMsg {
+        ExchangeMsg::Chunk {
             ex: 1,
             dir,
             seen: Instant::now(),
@@ -769,8 +641,8 @@ mod tests {
         }
     }
 
-    fn end(dir: Direction) -> WatchMsg {
-        WatchMsg::End {
+    fn end(dir: Direction) -> ExchangeMsg {
+        ExchangeMsg::End {
             ex: 1,
             dir,
             seen: Instant::now(),
@@ -780,16 +652,19 @@ mod tests {
 
     /// One POST carrying [`CALL`], answered 200 with `content_type`; `answer` are the response
     /// body's messages as the watcher gets them.
-    fn exchange(content_type: &'static str, answer: Vec<WatchMsg>) -> (ObserverStats, Vec<Event>) {
+    fn exchange(
+        content_type: &'static str,
+        answer: Vec<ExchangeMsg>,
+    ) -> (ObserverStats, Vec<Event>) {
         let mut w = watcher();
-        w.handle(WatchMsg::Request {
+        w.handle(ExchangeMsg::Request {
             ex: 1,
             kind: ReqKind::Post,
             session: None,
         });
         w.handle(chunk(Direction::ClientToServer, CALL, false));
         w.handle(end(Direction::ClientToServer));
-        w.handle(WatchMsg::Response {
+        w.handle(ExchangeMsg::Response {
             ex: 1,
             status: 200,
             session: None,
@@ -837,14 +712,14 @@ mod tests {
     /// JSON answer, and no answer body yet.
     fn call_answered_with_json_head() -> Watcher<Vec<Event>> {
         let mut w = watcher();
-        w.handle(WatchMsg::Request {
+        w.handle(ExchangeMsg::Request {
             ex: 1,
             kind: ReqKind::Post,
             session: Some(HeaderValue::from_static("s-1")),
         });
         w.handle(chunk(Direction::ClientToServer, CALL, false));
         w.handle(end(Direction::ClientToServer));
-        w.handle(WatchMsg::Response {
+        w.handle(ExchangeMsg::Response {
             ex: 1,
             status: 200,
             session: None,
@@ -875,7 +750,7 @@ mod tests {
         let mut w = call_answered_with_json_head();
         // The body's chunks and its end were all dropped; the next message is another POST's.
         w.stats.dropped.fetch_add(2, Ordering::Relaxed);
-        w.handle(WatchMsg::Request {
+        w.handle(ExchangeMsg::Request {
             ex: 2,
             kind: ReqKind::Post,
             session: None,

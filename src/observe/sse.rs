@@ -1,4 +1,4 @@
-//! An incremental Server-Sent Events parser, for observation only.
+//! An incremental Server-Sent Events parser, for HTTP observation ([`super::http`]) only.
 //!
 //! Owns the `text/event-stream` grammar (WHATWG HTML §9.2): lines end in CRLF, LF or a lone CR
 //! (a CRLF split across two chunks is one line end); a line starting with `:` is a comment (the
@@ -7,8 +7,9 @@
 //! last event without its blank line is discarded at end of stream, as browsers do.
 //! Goes in: the response body's chunks, as the relay forwarded them. Comes out: each event's
 //! `data` (one JSON-RPC message for MCP). It never sees the relay path: the proxy forwards the
-//! bytes untouched and this parser reads a copy. Memory is bounded: an event whose data exceeds
-//! the cap is counted and skipped, and an oversized line buffer is released after use.
+//! bytes untouched and this parser reads the copy handed off to observation. Memory is bounded:
+//! an event whose data exceeds the cap is counted ([`SseStats::oversized`], in the `--debug`
+//! totals) and skipped, and an oversized line buffer is released after use.
 
 /// Most bytes of `data` one event may carry before it is skipped (a 25 MB tool result is relayed
 /// and must still be observed; anything past this is counted and measured, not parsed).
