@@ -28,7 +28,7 @@
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::event::{EventSink, Session, SharedStr};
 use crate::tap::Direction;
@@ -122,9 +122,13 @@ pub struct Action {
     pub started_wall: SystemTime,
     /// When the latest round started or ended: the call timeout runs from here.
     pub last_activity: Instant,
-    pub fields: Option<Map<String, Value>>,
+    /// The captured arguments, keys unique, in argument order. A boxed slice, not the event's
+    /// `Map`: every tree node of a `Map` reserves room for eleven entries, and a call held open
+    /// usually has one to three.
+    pub fields: Option<Box<[(String, Value)]>>,
     pub on_behalf_of: Option<String>,
-    pub registry_version: Option<String>,
+    /// Shared with the observer's current version: a pointer per call, not a copy.
+    pub registry_version: Option<SharedStr>,
     pub session: Option<Session>,
     pub bytes_req: u64,
     pub bytes_resp: u64,
@@ -322,9 +326,9 @@ impl<S: EventSink> Observer<S> {
             started: seen,
             started_wall: wall_clock(seen),
             last_activity: seen,
-            fields: fields.filter(|f| !f.is_empty()),
+            fields: fields.filter(|f| !f.is_empty()).map(Vec::into_boxed_slice),
             on_behalf_of,
-            registry_version: self.catalog.version().map(str::to_string),
+            registry_version: self.registry_version.clone(),
             session: self.session_for(scope),
             bytes_req: len,
             bytes_resp: 0,
@@ -447,9 +451,8 @@ impl<S: EventSink> Observer<S> {
             }
             PendingKind::ToolsList { first_page } => {
                 if matches!(p.result, Lenient::Ok(_)) {
-                    let before = self.catalog.version().map(str::to_string);
                     self.catalog.on_list_response(msg, first_page);
-                    if self.catalog.version().map(str::to_string) != before {
+                    if self.catalog.version() != self.registry_version.as_deref() {
                         self.catalog_changed(seen);
                     }
                 }
@@ -481,7 +484,8 @@ impl<S: EventSink> Observer<S> {
     /// observed first (cross-direction arrival order, see [`EARLY_RESPONSE_GRACE`]) were made
     /// against the new catalog.
     fn catalog_changed(&mut self, seen: Instant) {
-        let v = self.catalog.version().map(str::to_string);
+        let v = self.catalog.version().map(SharedStr::from);
+        self.registry_version = v.clone();
         for a in self
             .actions
             .values_mut()

@@ -88,6 +88,9 @@ pub struct Observer<S: EventSink> {
     pub(super) catalog: Catalog,
     /// `serverInfo.name` seen in an `initialize` or `server/discover` result.
     pub(super) server_name: Option<String>,
+    /// The catalog's version, as a call started now carries it: shared by every open call, not
+    /// copied into each.
+    pub(super) registry_version: Option<SharedStr>,
     /// `dest.host` of the next event, built when the server name is learned instead of per event.
     pub(super) host: SharedStr,
     /// `actor.id`, shared by every event.
@@ -126,6 +129,7 @@ impl<S: EventSink> Observer<S> {
             policy,
             catalog: Catalog::default(),
             server_name: None,
+            registry_version: None,
             host,
             actor,
             pending: HashMap::new(),
