@@ -17,7 +17,7 @@ use crate::tap::Direction;
 
 use super::assemble::{clean, clear_session_id, dest_host, ScopeInfo, MAX_INFO_LEN};
 use super::catalog::Catalog;
-use super::correlate::{Action, ActionState, Early, Key, Pending, PendingKind};
+use super::correlate::{Action, ActionState, Early, Key, OpenRequests, Pending, PendingKind};
 use super::frame::split_batch;
 use super::outcome::Outcome;
 use super::peek::{peek, Lenient, PeekError, RpcId};
@@ -58,6 +58,7 @@ pub(super) struct Warned {
     pub(super) orphan: bool,
     pub(super) gap: bool,
     pub(super) partial_catalog: bool,
+    pub(super) open_cap: bool,
 }
 
 /// How big a message really was, and whether the observer saw all of it.
@@ -95,7 +96,7 @@ pub struct Observer<S: EventSink> {
     pub(super) host: SharedStr,
     /// `actor.id`, shared by every event.
     pub(super) actor: SharedStr,
-    pub(super) pending: HashMap<Key, Pending>,
+    pub(super) pending: OpenRequests,
     pub(super) actions: CounterMap<u64, Action>,
     pub(super) next_action: u64,
     pub(super) scopes: CounterMap<StreamId, ScopeInfo>,
@@ -132,7 +133,7 @@ impl<S: EventSink> Observer<S> {
             registry_version: None,
             host,
             actor,
-            pending: HashMap::new(),
+            pending: OpenRequests::default(),
             actions: CounterMap::default(),
             next_action: 0,
             scopes: CounterMap::default(),
@@ -303,7 +304,7 @@ impl<S: EventSink> Observer<S> {
         for a in self.actions.values_mut().filter(|a| a.scope == scope) {
             a.scope_open = false;
         }
-        self.pending.retain(|k, _| k.scope != scope);
+        self.pending.end_scope(scope);
         self.scopes.remove(&scope);
     }
 
