@@ -495,7 +495,7 @@ impl<S: EventSink> Observer<S> {
             rounds: 1,
             state: ActionState::InFlight(key.clone()),
         };
-        self.actions.insert(aid, action);
+        self.actions.insert(aid, Box::new(action));
         Some(aid)
     }
 

@@ -97,7 +97,9 @@ pub struct Observer<S: EventSink> {
     /// `actor.id`, shared by every event.
     pub(super) actor: SharedStr,
     pub(super) pending: OpenRequests,
-    pub(super) actions: CounterMap<u64, Action>,
+    /// Boxed: a flood churning through a full scope grows the table to up to four slots per open
+    /// call (removals leave tombstones), which is cheap only while a slot is small.
+    pub(super) actions: CounterMap<u64, Box<Action>>,
     pub(super) next_action: u64,
     pub(super) scopes: CounterMap<StreamId, ScopeInfo>,
     /// Responses seen before their request (see [`super::EARLY_RESPONSE_GRACE`]).
