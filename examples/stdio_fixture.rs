@@ -25,9 +25,12 @@
 //! * `sleep` — sleep forever, reading nothing.
 //! * `stderr TEXT` — write TEXT and a newline to stderr, then `cat`.
 //! * `flood` — write numbered lines to stdout until a write fails, then exit 141 (EPIPE).
+//! * `answer-only TOOL` — a minimal MCP server that answers `initialize`, `tools/list` and
+//!   `tools/call` of TOOL, reads every other line and never answers it (a server that leaves
+//!   calls open), until EOF.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -88,6 +91,33 @@ fn drain_stdin() {
             return;
         }
     }
+}
+
+/// The `answer-only` mode: one response line for the requests it answers, `None` for the rest.
+/// Other tools' calls are skipped before parsing: the tests flood hundreds of thousands of them.
+fn answer_only(line: &str, tool: &str) -> Option<String> {
+    if line.contains("\"tools/call\"") && !line.contains(&format!("\"name\":\"{tool}\"")) {
+        return None;
+    }
+    let msg: serde_json::Value = serde_json::from_str(line).ok()?;
+    let id = msg.get("id")?.clone();
+    let result = match msg.get("method")?.as_str()? {
+        "initialize" => serde_json::json!({
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "answer-only", "version": "1"}
+        }),
+        "tools/list" => serde_json::json!({"tools": [
+            {"name": tool, "inputSchema": {"type": "object"}},
+            {"name": "never_answered", "inputSchema": {"type": "object"}}
+        ]}),
+        "tools/call" => serde_json::json!({"content": [{"type": "text", "text": "done"}]}),
+        _ => return None,
+    };
+    Some(format!(
+        "{}\n",
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result})
+    ))
 }
 
 fn sleep_forever() -> ! {
@@ -214,6 +244,18 @@ fn main() {
             for i in 0u64.. {
                 if out.write_all(format!("line {i}\n").as_bytes()).is_err() {
                     std::process::exit(141);
+                }
+            }
+        }
+        "answer-only" => {
+            let tool = args.get(1).cloned().unwrap_or_default();
+            let mut out = stdout();
+            for line in io::BufReader::new(stdin()).lines() {
+                let Ok(line) = line else { return };
+                if let Some(answer) = answer_only(&line, &tool) {
+                    if out.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
                 }
             }
         }

@@ -817,10 +817,13 @@ fn bad_input_is_counted_with_at_most_one_warning_each_and_relayed_unchanged() {
 }
 
 /// Correctness under load: a burst far larger than any queue's slot count (the tap once held 64
-/// chunks and lost ~600 requests per dropped chunk) must still yield one 200 event per call.
+/// chunks and lost ~600 requests per dropped chunk) must still yield one 200 event per call. The
+/// server reads the whole burst before it answers, so every call is open at once: the burst
+/// stays under the observer's cap on open requests (`observe::MAX_OPEN_PER_SCOPE`), past which
+/// the oldest go unobserved by design.
 #[test]
-fn burst_of_5000_pipelined_calls_yields_5000_ok_events() {
-    const CALLS: i64 = 5_000;
+fn burst_of_4000_pipelined_calls_yields_4000_ok_events() {
+    const CALLS: i64 = 4_000;
     let mut s = Session::start("payments_server", &[], &[]);
     s.initialize();
     // Every request in one write stream, before reading any answer: the client pipelines.

@@ -12,7 +12,7 @@
 
 use std::time::{Instant, SystemTime};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::event::filter::REDACTED;
 use crate::event::privacy::{Capture, MAX_FIELDS};
@@ -109,18 +109,16 @@ pub(super) fn wall_clock(seen: Instant) -> SystemTime {
 
 impl<S: EventSink> Observer<S> {
     /// The allow-listed scalar arguments of a call, as the capture policy decides (at most
-    /// [`MAX_FIELDS`]); string values withheld as prose are counted.
-    pub(super) fn capture(&mut self, args: &Args<'_>) -> Map<String, Value> {
+    /// [`MAX_FIELDS`], keys unique as in `args`); string values withheld as prose are counted.
+    pub(super) fn capture(&mut self, args: &Args<'_>) -> Vec<(String, Value)> {
         let mut prose = 0u64;
-        let mut m = Map::new();
+        let mut m = Vec::new();
         for (k, v) in &args.0 {
             if m.len() >= MAX_FIELDS {
                 break;
             }
             match v.as_scalar().map(|s| self.policy.decide(k, s)) {
-                Some(Capture::Kept(val)) => {
-                    m.insert(k.to_string(), val);
-                }
+                Some(Capture::Kept(val)) => m.push((k.to_string(), val)),
                 Some(Capture::Prose) => prose += 1,
                 Some(Capture::Dropped) | None => {}
             }
@@ -242,8 +240,8 @@ impl<S: EventSink> Observer<S> {
             rec: Rec {
                 rail: "mcp".into(),
                 action: a.tool,
-                registry_version: a.registry_version,
-                fields: a.fields,
+                registry_version: a.registry_version.map(|v| v.to_string()),
+                fields: a.fields.map(|f| f.into_vec().into_iter().collect()),
             },
             dest: Dest {
                 host,

@@ -8,8 +8,14 @@
 //! matched in their own direction, so neither they nor the client's answers to them are ever
 //! taken for a tool result. Holds metadata only (tool name, timings, sizes, already-filtered
 //! captured fields), plus copies of responses that came before their request, for at most
-//! [`EARLY_RESPONSE_GRACE`] and [`EARLY_RESPONSE_BYTES`] in all; past [`MAX_PENDING`] open
-//! requests it tracks no new ones but tool calls. What an answer means is [`super::outcome`]'s.
+//! [`EARLY_RESPONSE_GRACE`] and [`EARLY_RESPONSE_BYTES`] in all. What an answer means is
+//! [`super::outcome`]'s.
+//!
+//! * **Open requests are capped**, so memory is bounded whatever a peer sends: past
+//!   [`MAX_OPEN_PER_SCOPE`] in one scope the oldest is dropped from tracking, past
+//!   [`MAX_PENDING`] in all scopes a new one is not tracked. Such a `tools/call` makes no event
+//!   (its answer may still come: a status would be a guess) and is counted in
+//!   [`super::ObserverStats::unobserved`]; a late answer is an orphan response.
 //!
 //! * **Call timeout** (`--call-timeout-ms`, default [`crate::config::DEFAULT_CALL_TIMEOUT`]): a
 //!   `tools/call` with no answer that long after its latest request round ends as 504 `timeout`,
@@ -25,23 +31,38 @@
 //!   The one event spans the first request to the final result; `bytes` sums every round.
 //!   An action whose retry never comes ends as 504 after the call timeout.
 
+use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::event::{EventSink, Session, SharedStr};
 use crate::tap::Direction;
 
 use super::assemble::{clean, tool_name, wall_clock, MAX_INFO_LEN};
-use super::observer::{Observer, Size};
+use super::observer::{CounterMap, Observer, Size};
 use super::outcome::{Answer, Outcome};
 use super::peek::{lenient_str, peek, Lenient, Peek, RpcId};
 use super::StreamId;
 
-/// Most requests tracked at once; beyond it new non-tool requests are not tracked (bounds memory
-/// against a peer that never answers). Tool calls are always tracked.
-pub const MAX_PENDING: usize = 100_000;
+/// Most requests open at once in one scope (a stdio session, an HTTP session); past it the
+/// scope's oldest open request is dropped from tracking. Agents keep a handful of calls in
+/// flight. A client that pipelines holds open what it writes ahead of the answers: about a
+/// thousand small calls fill the pipe and read buffers of a server that answers in turn, and a
+/// server that reads everything first holds the whole burst. Thousands open is a flood, not an
+/// agent. A full scope holds under 4 MiB (about 700 bytes per open call, 950 once a flood churns
+/// through it and the tables grow).
+pub const MAX_OPEN_PER_SCOPE: usize = 4096;
+
+/// Most requests open at once in all scopes together (HTTP holds one scope per session, up to
+/// thousands); past it a new request in a scope below [`MAX_OPEN_PER_SCOPE`] is not tracked.
+/// Two full scopes: under 8 MiB.
+pub const MAX_PENDING: usize = 2 * MAX_OPEN_PER_SCOPE;
+
+/// Stale keys (answered since they were queued) an open-request queue may hold beyond twice its
+/// open ones before it is swept: a sweep costs one lookup per key, paid for by the pushes since.
+const SWEEP_SLACK: usize = 32;
 
 /// How long a response whose request has not been observed yet is kept. The relay hands each
 /// direction to the tap *after* forwarding it, so on a loaded machine a response can reach the
@@ -97,6 +118,114 @@ pub enum PendingKind {
 pub struct Pending {
     pub kind: PendingKind,
     pub seen: Instant,
+    /// When it was tracked, in [`OpenRequests`]' count: tells its queue entry from the entry of
+    /// an earlier request with the same key, answered since.
+    seq: u64,
+}
+
+/// The requests waiting for an answer, and in each scope the order they came in, so that a full
+/// scope drops its oldest in amortised O(1): a queue of keys beside the map. A key answered
+/// since it was queued stays in the queue until met at its front or swept out (once stale keys
+/// are half the queue).
+#[derive(Debug, Default)]
+pub(super) struct OpenRequests {
+    map: HashMap<Key, Pending>,
+    order: CounterMap<StreamId, Order>,
+    next_seq: u64,
+}
+
+/// One scope's open requests, oldest first.
+#[derive(Debug, Default)]
+struct Order {
+    queue: VecDeque<(Key, u64)>,
+    /// How many entries of `queue` are still open.
+    open: usize,
+}
+
+impl OpenRequests {
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(super) fn contains(&self, key: &Key) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// Requests open in `scope`.
+    pub(super) fn open_in(&self, scope: StreamId) -> usize {
+        self.order.get(&scope).map_or(0, |o| o.open)
+    }
+
+    pub(super) fn remove(&mut self, key: &Key) -> Option<Pending> {
+        let p = self.map.remove(key)?;
+        if let Some(o) = self.order.get_mut(&key.scope) {
+            o.open = o.open.saturating_sub(1);
+            if o.open == 0 {
+                // Every key left is stale; the queue keeps its buffer for the next request.
+                o.queue.clear();
+            }
+        }
+        Some(p)
+    }
+
+    /// Tracks a request whose key is not open. When its scope already held
+    /// [`MAX_OPEN_PER_SCOPE`], the scope's oldest open request is dropped and returned.
+    pub(super) fn insert(
+        &mut self,
+        key: Key,
+        kind: PendingKind,
+        seen: Instant,
+    ) -> Option<(Key, Pending)> {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let order = self.order.entry(key.scope).or_default();
+        order.queue.push_back((key.clone(), seq));
+        order.open += 1;
+        if self.map.insert(key, Pending { kind, seen, seq }).is_some() {
+            // Replaced (callers check first): the old entry's queue key no longer matches.
+            order.open -= 1;
+        }
+        let map = &mut self.map;
+        let is_open = |map: &HashMap<Key, Pending>, (k, s): &(Key, u64)| {
+            map.get(k).is_some_and(|p| p.seq == *s)
+        };
+        let mut evicted = None;
+        if order.open > MAX_OPEN_PER_SCOPE {
+            while let Some(entry) = order.queue.pop_front() {
+                if is_open(map, &entry) {
+                    evicted = map.remove_entry(&entry.0);
+                    order.open -= 1;
+                    break;
+                }
+            }
+        }
+        if order.queue.len() > 2 * order.open + SWEEP_SLACK {
+            order.queue.retain(|e| is_open(map, e));
+        }
+        evicted
+    }
+
+    /// Keeps the requests `keep` says yes to.
+    pub(super) fn retain(&mut self, mut keep: impl FnMut(&Key, &Pending) -> bool) {
+        let order = &mut self.order;
+        self.map.retain(|k, p| {
+            let kept = keep(k, p);
+            if !kept {
+                if let Some(o) = order.get_mut(&k.scope) {
+                    o.open = o.open.saturating_sub(1);
+                }
+            }
+            kept
+        });
+        // A scope with nothing open needs no queue.
+        order.retain(|_, o| o.open > 0);
+    }
+
+    /// Forgets every request of `scope`.
+    pub(super) fn end_scope(&mut self, scope: StreamId) {
+        self.order.remove(&scope);
+        self.map.retain(|k, _| k.scope != scope);
+    }
 }
 
 /// Where an action stands.
@@ -122,9 +251,13 @@ pub struct Action {
     pub started_wall: SystemTime,
     /// When the latest round started or ended: the call timeout runs from here.
     pub last_activity: Instant,
-    pub fields: Option<Map<String, Value>>,
+    /// The captured arguments, keys unique, in argument order. A boxed slice, not the event's
+    /// `Map`: every tree node of a `Map` reserves room for eleven entries, and a call held open
+    /// usually has one to three.
+    pub fields: Option<Box<[(String, Value)]>>,
     pub on_behalf_of: Option<String>,
-    pub registry_version: Option<String>,
+    /// Shared with the observer's current version: a pointer per call, not a copy.
+    pub registry_version: Option<SharedStr>,
     pub session: Option<Session>,
     pub bytes_req: u64,
     pub bytes_resp: u64,
@@ -197,7 +330,7 @@ impl<S: EventSink> Observer<S> {
         len: u64,
     ) {
         let key = Key { scope, dir, id };
-        if self.pending.contains_key(&key) {
+        if self.pending.contains(&key) {
             self.stats.duplicate_ids += 1;
             if !self.warned.duplicate {
                 self.warned.duplicate = true;
@@ -215,12 +348,7 @@ impl<S: EventSink> Observer<S> {
         let kind = match (dir, method) {
             (Direction::ClientToServer, "tools/call") => {
                 match self.start_round(scope, seen, &key, p, len) {
-                    Some(aid) => {
-                        if let Some(calls) = &mut self.started_calls {
-                            calls.push(key.id.clone());
-                        }
-                        PendingKind::ToolCall(aid)
-                    }
+                    Some(aid) => PendingKind::ToolCall(aid),
                     None => {
                         self.count_malformed();
                         PendingKind::Other
@@ -245,36 +373,72 @@ impl<S: EventSink> Observer<S> {
             (Direction::ClientToServer, "server/discover") => PendingKind::Discover,
             _ => PendingKind::Other,
         };
-        if matches!(kind, PendingKind::ToolCall(_)) || self.pending.len() < MAX_PENDING {
-            // Nearly always empty: skip hashing the key for it.
-            let early = if self.early.is_empty() {
+        // A scope at its own cap makes room by dropping its oldest: the total does not grow.
+        let full =
+            self.pending.len() >= MAX_PENDING && self.pending.open_in(scope) < MAX_OPEN_PER_SCOPE;
+        if full {
+            self.drop_untracked(kind);
+            return;
+        }
+        if let (PendingKind::ToolCall(_), Some(calls)) = (kind, &mut self.started_calls) {
+            calls.push(key.id.clone());
+        }
+        // Nearly always empty: skip hashing the key for it.
+        let early = if self.early.is_empty() {
+            None
+        } else {
+            self.early.remove(&key)
+        };
+        if let Some(e) = &early {
+            self.early_bytes -= e.msg.len();
+        }
+        // Only a response read after this request was sent can answer it; an older one is a
+        // stale answer to an earlier use of the id.
+        let early = match early {
+            Some(e) if e.seen >= seen => Some(e),
+            Some(_) => {
+                self.count_orphan(dir);
                 None
-            } else {
-                self.early.remove(&key)
-            };
-            if let Some(e) = &early {
-                self.early_bytes -= e.msg.len();
             }
-            // Only a response read after this request was sent can answer it; an older one is a
-            // stale answer to an earlier use of the id.
-            let early = match early {
-                Some(e) if e.seen >= seen => Some(e),
-                Some(_) => {
-                    self.count_orphan(dir);
-                    None
+            None => None,
+        };
+        if let Some(e) = early {
+            self.track(key.clone(), kind, seen);
+            if let Ok(p) = peek(&e.msg) {
+                if let Lenient::Ok(id) = p.id.clone() {
+                    self.on_response(scope, opposite(dir), e.seen, id, &p, &e.msg, e.size);
                 }
-                None => None,
-            };
-            if let Some(e) = early {
-                self.pending.insert(key.clone(), Pending { kind, seen });
-                if let Ok(p) = peek(&e.msg) {
-                    if let Lenient::Ok(id) = p.id.clone() {
-                        self.on_response(scope, opposite(dir), e.seen, id, &p, &e.msg, e.size);
-                    }
-                }
-            } else {
-                self.pending.insert(key, Pending { kind, seen });
             }
+        } else {
+            self.track(key, kind, seen);
+        }
+    }
+
+    /// Starts waiting for the answer to `key`; a scope past [`MAX_OPEN_PER_SCOPE`] drops its
+    /// oldest open request.
+    fn track(&mut self, key: Key, kind: PendingKind, seen: Instant) {
+        if let Some((_, oldest)) = self.pending.insert(key, kind, seen) {
+            self.drop_untracked(oldest.kind);
+        }
+    }
+
+    /// A request dropped from tracking at a cap (see the module docs): its action, if it is a
+    /// `tools/call`, ends with no event. Counted, with one warning.
+    fn drop_untracked(&mut self, kind: PendingKind) {
+        self.stats.evicted += 1;
+        if let PendingKind::ToolCall(aid) = kind {
+            if self.actions.remove(&aid).is_some() {
+                self.stats.unobserved += 1;
+            }
+        }
+        if !self.warned.open_cap {
+            self.warned.open_cap = true;
+            tracing::warn!(
+                per_scope = MAX_OPEN_PER_SCOPE,
+                in_all = MAX_PENDING,
+                "More requests await an answer than the observer tracks: the excess is \
+                 relayed unchanged, not observed"
+            );
         }
     }
 
@@ -322,16 +486,16 @@ impl<S: EventSink> Observer<S> {
             started: seen,
             started_wall: wall_clock(seen),
             last_activity: seen,
-            fields: fields.filter(|f| !f.is_empty()),
+            fields: fields.filter(|f| !f.is_empty()).map(Vec::into_boxed_slice),
             on_behalf_of,
-            registry_version: self.catalog.version().map(str::to_string),
+            registry_version: self.registry_version.clone(),
             session: self.session_for(scope),
             bytes_req: len,
             bytes_resp: 0,
             rounds: 1,
             state: ActionState::InFlight(key.clone()),
         };
-        self.actions.insert(aid, action);
+        self.actions.insert(aid, Box::new(action));
         Some(aid)
     }
 
@@ -447,9 +611,8 @@ impl<S: EventSink> Observer<S> {
             }
             PendingKind::ToolsList { first_page } => {
                 if matches!(p.result, Lenient::Ok(_)) {
-                    let before = self.catalog.version().map(str::to_string);
                     self.catalog.on_list_response(msg, first_page);
-                    if self.catalog.version().map(str::to_string) != before {
+                    if self.catalog.version() != self.registry_version.as_deref() {
                         self.catalog_changed(seen);
                     }
                 }
@@ -481,7 +644,8 @@ impl<S: EventSink> Observer<S> {
     /// observed first (cross-direction arrival order, see [`EARLY_RESPONSE_GRACE`]) were made
     /// against the new catalog.
     fn catalog_changed(&mut self, seen: Instant) {
-        let v = self.catalog.version().map(str::to_string);
+        let v = self.catalog.version().map(SharedStr::from);
+        self.registry_version = v.clone();
         for a in self
             .actions
             .values_mut()

@@ -39,7 +39,7 @@ mod stdio;
 use std::time::Duration;
 
 pub use assemble::MAX_TOOL_NAME;
-pub use correlate::{EARLY_RESPONSE_BYTES, EARLY_RESPONSE_GRACE, MAX_PENDING};
+pub use correlate::{EARLY_RESPONSE_BYTES, EARLY_RESPONSE_GRACE, MAX_OPEN_PER_SCOPE, MAX_PENDING};
 pub use observer::Observer;
 pub use stdio::{run_tap_observer, FRAMES_PER_TURN, REORDER_HOLD, SINK_STALL_LIMIT, TAP_LINGER};
 
@@ -113,6 +113,10 @@ pub struct ObserverStats {
     /// read: their answer may have been among the dropped bytes, so no event is made for them
     /// (a 504 or 502 would claim a failure the client may not have seen).
     pub unobserved: u64,
+    /// Requests dropped from tracking at a cap on open requests (`observe::correlate`): the
+    /// oldest of a scope past `MAX_OPEN_PER_SCOPE`, or a new one past `MAX_PENDING` in all.
+    /// The `tools/call`s among them are in `unobserved` too.
+    pub evicted: u64,
     /// Calls whose tool name held a value L4 removes: reported under the name `<redacted>`.
     pub redacted_tools: u64,
     /// String arguments under an allowed key withheld as prose (not a code, and the key not

@@ -17,7 +17,7 @@ use crate::tap::Direction;
 
 use super::assemble::{clean, clear_session_id, dest_host, ScopeInfo, MAX_INFO_LEN};
 use super::catalog::Catalog;
-use super::correlate::{Action, ActionState, Early, Key, Pending, PendingKind};
+use super::correlate::{Action, ActionState, Early, Key, OpenRequests, Pending, PendingKind};
 use super::frame::split_batch;
 use super::outcome::Outcome;
 use super::peek::{peek, Lenient, PeekError, RpcId};
@@ -58,6 +58,7 @@ pub(super) struct Warned {
     pub(super) orphan: bool,
     pub(super) gap: bool,
     pub(super) partial_catalog: bool,
+    pub(super) open_cap: bool,
 }
 
 /// How big a message really was, and whether the observer saw all of it.
@@ -88,12 +89,17 @@ pub struct Observer<S: EventSink> {
     pub(super) catalog: Catalog,
     /// `serverInfo.name` seen in an `initialize` or `server/discover` result.
     pub(super) server_name: Option<String>,
+    /// The catalog's version, as a call started now carries it: shared by every open call, not
+    /// copied into each.
+    pub(super) registry_version: Option<SharedStr>,
     /// `dest.host` of the next event, built when the server name is learned instead of per event.
     pub(super) host: SharedStr,
     /// `actor.id`, shared by every event.
     pub(super) actor: SharedStr,
-    pub(super) pending: HashMap<Key, Pending>,
-    pub(super) actions: CounterMap<u64, Action>,
+    pub(super) pending: OpenRequests,
+    /// Boxed: a flood churning through a full scope grows the table to up to four slots per open
+    /// call (removals leave tombstones), which is cheap only while a slot is small.
+    pub(super) actions: CounterMap<u64, Box<Action>>,
     pub(super) next_action: u64,
     pub(super) scopes: CounterMap<StreamId, ScopeInfo>,
     /// Responses seen before their request (see [`super::EARLY_RESPONSE_GRACE`]).
@@ -126,9 +132,10 @@ impl<S: EventSink> Observer<S> {
             policy,
             catalog: Catalog::default(),
             server_name: None,
+            registry_version: None,
             host,
             actor,
-            pending: HashMap::new(),
+            pending: OpenRequests::default(),
             actions: CounterMap::default(),
             next_action: 0,
             scopes: CounterMap::default(),
@@ -299,7 +306,7 @@ impl<S: EventSink> Observer<S> {
         for a in self.actions.values_mut().filter(|a| a.scope == scope) {
             a.scope_open = false;
         }
-        self.pending.retain(|k, _| k.scope != scope);
+        self.pending.end_scope(scope);
         self.scopes.remove(&scope);
     }
 

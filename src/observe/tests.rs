@@ -1101,3 +1101,134 @@ fn a_json_rpc_error_code_holding_a_card_number_is_omitted() {
     );
     assert_eq!(events[0].err.as_ref().and_then(|e| e.code), None);
 }
+
+/// Sends `n` `tools/call`s of `tool` with ids `first..first + n` in `scope`.
+fn calls_in(t: &mut T, scope: u64, first: u64, n: u64, tool: &str) {
+    let at = t.at(1);
+    for id in first..first + n {
+        let frame = call(json!(id), tool, json!({})).to_string();
+        t.obs.on_frame(StreamId(scope), C2S, at, frame.as_bytes());
+    }
+}
+
+fn events_of<'a>(events: &'a [Event], tool: &str) -> Vec<&'a Event> {
+    events.iter().filter(|e| e.rec.action == tool).collect()
+}
+
+#[test]
+fn past_the_open_cap_the_oldest_call_is_dropped_unreported_and_its_answer_is_an_orphan() {
+    let cap = MAX_OPEN_PER_SCOPE as u64;
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(0), "oldest", json!({"amount_cents": 1})));
+    calls_in(&mut t, 0, 1, cap - 1, "flood");
+    assert_eq!(
+        t.obs.stats().evicted,
+        0,
+        "at the cap nothing is dropped yet"
+    );
+    calls_in(&mut t, 0, cap, 1, "flood");
+    assert_eq!(t.obs.stats().evicted, 1);
+    assert_eq!(t.obs.stats().unobserved, 1);
+    assert_eq!(t.obs.open_actions(), MAX_OPEN_PER_SCOPE);
+    // The dropped call's late answer matches nothing; the next oldest still correlates, and so
+    // does a call made after the cap was hit.
+    t.send(S2C, 10, ok(json!(0)));
+    t.send(S2C, 11, ok(json!(1)));
+    t.send(C2S, 12, call(json!("later"), "later", json!({})));
+    t.send(S2C, 13, ok(json!("later")));
+    assert_eq!(
+        t.obs.stats().evicted,
+        1,
+        "an answer made room: nothing more dropped"
+    );
+    let (stats, events) = t.finish(10_000, EndCause::SessionEnd);
+    assert!(
+        events_of(&events, "oldest").is_empty(),
+        "no event, no false status"
+    );
+    assert_eq!(stats.orphan_responses, 1);
+    assert_eq!(stats.unobserved, 1);
+    let later = events_of(&events, "later");
+    assert_eq!(later.len(), 1);
+    assert_eq!(later[0].status, 200);
+    // Ids 1 (answered) and 2..cap (open at the end: 504, truthfully).
+    let flood = events_of(&events, "flood");
+    assert_eq!(flood.len(), MAX_OPEN_PER_SCOPE);
+    assert_eq!(flood.iter().filter(|e| e.status == 200).count(), 1);
+    assert_eq!(
+        flood.iter().filter(|e| e.status == 504).count(),
+        MAX_OPEN_PER_SCOPE - 1
+    );
+}
+
+#[test]
+fn answered_calls_never_count_toward_the_open_cap() {
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!("long"), "long", json!({})));
+    for id in 0..3 * MAX_OPEN_PER_SCOPE as u64 {
+        t.send(C2S, 1, call(json!(id), "quick", json!({})));
+        t.send(S2C, 2, ok(json!(id)));
+    }
+    t.send(S2C, 3, ok(json!("long")));
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(stats.evicted, 0);
+    assert_eq!(events_of(&events, "long")[0].status, 200);
+    assert_eq!(events.len(), 3 * MAX_OPEN_PER_SCOPE + 1);
+}
+
+#[test]
+fn an_id_reused_after_its_answer_is_not_taken_for_the_oldest() {
+    let cap = MAX_OPEN_PER_SCOPE as u64;
+    let mut t = T::new();
+    t.send(C2S, 0, call(json!(1), "first", json!({})));
+    t.send(C2S, 1, call(json!(2), "oldest", json!({})));
+    t.send(S2C, 2, ok(json!(1)));
+    calls_in(&mut t, 0, 100, cap - 2, "flood");
+    // Id 1 again: the newest open call, though its old queue entry is at the front.
+    t.send(C2S, 3, call(json!(1), "reused", json!({})));
+    t.send(C2S, 4, call(json!("over"), "over", json!({})));
+    t.send(S2C, 5, ok(json!(1)));
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(stats.evicted, 1);
+    assert!(events_of(&events, "oldest").is_empty());
+    assert_eq!(events_of(&events, "reused")[0].status, 200);
+}
+
+#[test]
+fn past_the_total_cap_a_new_scope_is_not_tracked_and_a_full_scope_drops_its_oldest() {
+    let cap = MAX_OPEN_PER_SCOPE as u64;
+    let mut t = T::with(ObserverConfig {
+        transport: Transport::Http {
+            host: "mcp.example.test".into(),
+        },
+        ..cfg()
+    });
+    let full_scopes = (MAX_PENDING / MAX_OPEN_PER_SCOPE) as u64;
+    for scope in 1..=full_scopes {
+        calls_in(&mut t, scope, 0, cap, "flood");
+    }
+    assert_eq!(t.obs.stats().evicted, 0);
+    // A scope below its own cap cannot grow the total: its new call is not tracked.
+    calls_in(&mut t, 100, 0, 1, "untracked");
+    assert_eq!(t.obs.stats().evicted, 1);
+    assert_eq!(t.obs.stats().unobserved, 1);
+    let at = t.at(5);
+    let answer = ok(json!(0)).to_string();
+    t.obs.on_frame(StreamId(100), S2C, at, answer.as_bytes());
+    // A full scope makes room by dropping its own oldest.
+    calls_in(&mut t, 1, cap, 1, "tracked");
+    assert_eq!(t.obs.stats().evicted, 2);
+    let answer = ok(json!(cap)).to_string();
+    t.obs.on_frame(StreamId(1), S2C, at, answer.as_bytes());
+    // A scope that ends frees its share.
+    t.obs.end_scope(StreamId(2), at, EndCause::SessionEnd);
+    calls_in(&mut t, 100, 1, 1, "after_end");
+    let answer = ok(json!(1)).to_string();
+    t.obs.on_frame(StreamId(100), S2C, at, answer.as_bytes());
+    let (stats, events) = t.finish(10, EndCause::SessionEnd);
+    assert_eq!(stats.evicted, 2);
+    assert_eq!(stats.orphan_responses, 1);
+    assert!(events_of(&events, "untracked").is_empty());
+    assert_eq!(events_of(&events, "tracked")[0].status, 200);
+    assert_eq!(events_of(&events, "after_end")[0].status, 200);
+}
