@@ -168,7 +168,7 @@ fn run_stdio(cfg: &Config) -> i32 {
                 orphan_responses = s.orphan_responses,
                 gaps = s.gaps,
                 unobserved = s.unobserved,
-                evicted = s.evicted,
+                evicted_calls = s.evicted,
                 redacted_tools = s.redacted_tools,
                 prose_withheld = s.prose_withheld,
                 shared_cpu = pacer.shared_cpu(),
@@ -304,7 +304,7 @@ async fn observe_and_report(cfg: &Config, host: String, rx: tap::http::ExchangeR
             evicted_exchanges = totals.evicted,
             oversized_sse_events = totals.oversized_events,
             unobserved = stats.unobserved,
-            evicted = stats.evicted,
+            evicted_calls = stats.evicted,
             delivered = report.delivered,
             dropped = report.dropped,
             "Observer and reporter totals"
