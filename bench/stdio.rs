@@ -147,8 +147,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--role") {
         let code = match args.get(1).map(String::as_str) {
-            Some("server") => roles::server_main(),
-            Some("relay") => roles::relay_main(),
+            Some("server") => roles::server_main(&args[2..]),
+            Some("relay") => roles::relay_main(&args[2..]),
             Some("phase") => phase_main(&args[2..]),
             other => {
                 eprintln!("bench: unknown role {other:?}");
