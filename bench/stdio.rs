@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use session::{Ctx, Session, Target, WrapMode};
+use session::{Ctx, Mechanism, Session, Target, WrapMode};
 
 /// The wrapper under test, built by cargo for this bench (release profile under `cargo bench`).
 const WRAPPER: &str = env!("CARGO_BIN_EXE_bounded-observe-mcp");
@@ -186,12 +186,33 @@ fn driver_main(args: &[String]) -> i32 {
         if let Some(bad) = settings.targets.iter().find(|t| Target::parse(t).is_none()) {
             eprintln!(
                 "bench: unknown target {bad:?}; known: {}",
-                Target::ALL.map(|t| t.name()).join(", ")
+                Target::known()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             return 2;
         }
     }
     let smoke = !benching && !args.iter().any(|a| a == "--quick");
+    // Ablations: `wrap:file` with one mechanism switched off.
+    let ablate = arg_value(args, "--ablate")
+        .map(String::from)
+        .or_else(|| std::env::var(ENV_ABLATE).ok())
+        .unwrap_or_default();
+    for name in ablate.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let Some(m) = Mechanism::parse(name) else {
+            eprintln!(
+                "bench: unknown ablation {name:?}; known: {}",
+                Mechanism::ALL.map(|m| m.name()).join(", ")
+            );
+            return 2;
+        };
+        let t = Target::Wrap(WrapMode::FileWithout(m));
+        if !settings.targets.iter().any(|n| n == t.name()) {
+            settings.targets.push(t.name().to_string());
+        }
+    }
     let mut phases: Vec<&str> = Vec::new();
     if !args.iter().any(|a| a == "--unpinned-only") && !smoke {
         if taskset_works() {
@@ -281,6 +302,9 @@ fn driver_main(args: &[String]) -> i32 {
     }
     0
 }
+
+/// Env var: the same as `--ablate` (a comma-separated list of mechanisms to switch off).
+const ENV_ABLATE: &str = "BENCH_ABLATE";
 
 fn taskset_works() -> bool {
     Command::new("taskset")
