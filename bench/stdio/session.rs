@@ -88,6 +88,13 @@ pub enum WrapMode {
     BlackHole,
 }
 
+impl WrapMode {
+    /// Observed with the `file:` sink, with or without an ablation.
+    pub fn is_file(self) -> bool {
+        matches!(self, WrapMode::File | WrapMode::FileWithout(_))
+    }
+}
+
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -136,6 +143,11 @@ impl Target {
 
     pub fn parse(s: &str) -> Option<Target> {
         Target::known().find(|t| t.name() == s)
+    }
+
+    /// Observed with the `file:` sink (`wrap:file` and its ablations).
+    pub fn is_file(self) -> bool {
+        matches!(self, Target::Wrap(m) if m.is_file())
     }
 }
 
@@ -481,6 +493,18 @@ impl Session {
         read
     }
 
+    /// One `tools/list` round trip (the mute server answers it, so its answer also says every
+    /// request written before it has been read by the server).
+    pub fn list_tools(&mut self) -> io::Result<()> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let req = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/list\",\"params\":{{}}}}\n"
+        );
+        self.send(req.as_bytes())?;
+        self.expect_response(id)
+    }
+
     /// Reserves `n` request ids for a pipelined batch; returns the first.
     pub fn take_ids(&mut self, n: u64) -> u64 {
         let first = self.next_id;
@@ -536,6 +560,166 @@ impl Session {
             bytes,
         })
     }
+}
+
+/// The end of a session whose exit is watched under a deadline (see [`Session::close_watched`]).
+pub struct Watched {
+    /// Close → the target's exit; `None` when it had not exited by the deadline (it was killed).
+    pub close_to_exit: Option<Duration>,
+    /// Close → the exit of the server the target runs (the target itself for `direct`);
+    /// `None` when it was not seen to exit.
+    pub close_to_server_exit: Option<Duration>,
+    /// The target's VmHWM, last read before it exited, KiB.
+    pub hwm_kib: u64,
+    /// How the target ended, e.g. "exited with code 0", "no exit in 30 s (killed)".
+    pub ending: String,
+}
+
+/// How often [`Session::close_watched`] looks at the processes.
+const WATCH_POLL: Duration = Duration::from_micros(250);
+
+impl Session {
+    /// The target's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Closes our end of the target's stdin and watches the target and its server exit, while
+    /// another thread drains and discards what the target still writes. A target still running
+    /// `deadline` after the close is killed with its process group. VmHWM is read on every look,
+    /// so a peak reached during the shutdown is seen.
+    pub fn close_watched(self, deadline: Duration) -> Watched {
+        let Session {
+            target,
+            mut child,
+            stdin,
+            mut stdout,
+            stderr_path,
+            ..
+        } = self;
+        let pid = child.id();
+        let server = if target == Target::Direct {
+            None
+        } else {
+            children_of(pid).first().copied()
+        };
+        let mut hwm = read_hwm(pid).unwrap_or(0);
+        let t0 = Instant::now();
+        drop(stdin);
+        // Detached: a process that inherited the pipe could keep it open past the target.
+        thread::spawn(move || {
+            let mut buf = vec![0u8; DRIVER_READ_BUF];
+            while matches!(stdout.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        let mut server_exit = None;
+        loop {
+            if let (None, Some(sp)) = (server_exit, server) {
+                if !alive(sp) {
+                    server_exit = Some(t0.elapsed());
+                }
+            }
+            if let Some(h) = read_hwm(pid) {
+                hwm = hwm.max(h);
+            }
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    let at = t0.elapsed();
+                    let mut ending = describe(status);
+                    if !status.success() {
+                        ending = format!("{ending}; stderr: {}", stderr_tail(&stderr_path));
+                    }
+                    return Watched {
+                        close_to_exit: Some(at),
+                        close_to_server_exit: server_exit.or(server.is_none().then_some(at)),
+                        hwm_kib: hwm,
+                        ending,
+                    };
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    kill_group(pid);
+                    let _ = child.wait();
+                    return Watched {
+                        close_to_exit: None,
+                        close_to_server_exit: server_exit,
+                        hwm_kib: hwm,
+                        ending: format!("wait failed: {e} (killed)"),
+                    };
+                }
+            }
+            if t0.elapsed() >= deadline {
+                kill_group(pid);
+                if let Some(sp) = server {
+                    kill_pid(sp);
+                }
+                let _ = child.wait();
+                return Watched {
+                    close_to_exit: None,
+                    close_to_server_exit: server_exit,
+                    hwm_kib: hwm,
+                    ending: format!("no exit in {} s (killed)", deadline.as_secs()),
+                };
+            }
+            thread::sleep(WATCH_POLL);
+        }
+    }
+}
+
+/// VmHWM of a live process, KiB; `None` once it has exited (a zombie has no memory lines).
+pub fn read_hwm(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Whether `pid` is still running: not gone, and not a zombie whose last thread has exited.
+/// (A thread-group leader that exits before its other threads shows as a zombie while they
+/// run on, with `Threads:` counting them; a process that is really over shows 1.)
+pub fn alive(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let zombie = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    let threads: u32 = field("Threads:").and_then(|t| t.parse().ok()).unwrap_or(1);
+    !(zombie && threads <= 1)
+}
+
+/// The processes whose parent is `pid`, found by scanning /proc/*/stat (field 4, the ppid).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut kids: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|st| {
+                    let rest = &st[st.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect();
+    kids.sort_unstable();
+    kids
+}
+
+/// SIGKILL to one process, through the `kill` utility (no `unsafe`).
+pub fn kill_pid(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
 }
 
 pub fn describe(s: ExitStatus) -> String {
