@@ -7,14 +7,16 @@
 //! server, the relay and each measured phase (the pinned phase runs under `taskset -c 0`, so the
 //! driver, the relay or wrapper, the server and the stand-in ingests all share CPU 0). The
 //! wrapper measured is the real binary cargo built next to this one. After the phases, the
-//! scenario rows (bench/stdio/scenarios.rs: one-shot start-up, CPU contention, a flood of
-//! unanswered calls) run from this process, unpinned.
+//! scenario rows (bench/stdio/scenarios.rs: a typical Python SDK session, one-shot start-up,
+//! CPU contention, a flood of unanswered calls) run from this process, unpinned.
 //!
 //! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
 //! non-zero only when the harness itself cannot run (the direct or relay target fails).
 
 #[path = "stdio/ingest.rs"]
 mod ingest;
+#[path = "../tests/interop_support/mod.rs"]
+mod interop_support;
 #[path = "stdio/report.rs"]
 mod report;
 #[path = "stdio/roles.rs"]
@@ -23,6 +25,8 @@ mod roles;
 mod scenarios;
 #[path = "stdio/session.rs"]
 mod session;
+#[path = "stdio/typical.rs"]
+mod typical;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -383,9 +387,13 @@ fn run_scenarios(exe: &std::path::Path, plan: &scenarios::Plan) -> (String, bool
     }
     let own = |t: &str| t == "direct" || t == "relay";
     let broken = res
-        .oneshot
+        .typical
         .iter()
-        .any(|r| own(&r.target) && !r.errors.is_empty())
+        .any(|r| own(&r.target) && r.error.is_some())
+        || res
+            .oneshot
+            .iter()
+            .any(|r| own(&r.target) && !r.errors.is_empty())
         || res
             .contended
             .iter()

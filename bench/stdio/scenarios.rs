@@ -1,5 +1,6 @@
 //! The rows of issue 20 that are whole scenarios rather than workloads of the main table: a
-//! one-shot start-up, the sequential latency and the exit after a burst with every CPU kept busy, and a flood of calls
+//! typical session driven by the official Python SDK client, a one-shot start-up, the
+//! sequential latency and the exit after a burst with every CPU kept busy, and a flood of calls
 //! the server never answers. They run after the main phases, unpinned, each target in its own
 //! fresh sessions, targets interleaved run by run. `wrap:file-no-<name>` targets (`--ablate`)
 //! run wherever `wrap:file` does.
@@ -19,12 +20,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::roles::ServerMode;
 use crate::session::{self, Ctx, Launch, Session, Target, WrapMode};
+use crate::typical::{self, TypicalRec};
 use crate::{median, percentile};
 
 /// The scenario names `--scenarios` takes, in the order they run.
-pub const NAMES: [&str; 3] = ["oneshot", "contended", "flood"];
+pub const NAMES: [&str; 4] = ["typical", "oneshot", "contended", "flood"];
 
 /// Issue 20 targets.
+const TYPICAL_RSS_MAX_MIB: f64 = 6.0;
+const TYPICAL_CLOSE_MAX_MS: f64 = 5.0;
 const ONESHOT_ADDED_MAX_MS: f64 = 2.0;
 const CONTENDED_P99_MAX: f64 = 1.3;
 /// The wrapper's default `--shutdown-flush-ms`: it must exit within this of its server.
@@ -39,6 +43,8 @@ const MIB: f64 = 1024.0;
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub which: Vec<String>,
+    pub typical_runs: u32,
+    pub typical_calls: u32,
     pub oneshot_samples: u32,
     pub contended_runs: u32,
     pub contended_warmup: u64,
@@ -52,12 +58,16 @@ pub struct Plan {
     pub flood_settle: Duration,
     /// `wrap:file` with one mechanism switched off, run wherever `wrap:file` runs.
     pub ablations: Vec<Target>,
+    /// Set when the typical session is skipped (smoke run).
+    pub typical_skip: Option<String>,
 }
 
 impl Plan {
     pub fn full(ablations: Vec<Target>) -> Plan {
         Plan {
             which: NAMES.map(String::from).to_vec(),
+            typical_runs: 5,
+            typical_calls: 50,
             oneshot_samples: 20,
             contended_runs: 3,
             contended_warmup: 100,
@@ -67,11 +77,13 @@ impl Plan {
             flood_calls: 300_000,
             flood_settle: Duration::from_secs(1),
             ablations,
+            typical_skip: None,
         }
     }
 
     pub fn quick(ablations: Vec<Target>) -> Plan {
         Plan {
+            typical_runs: 1,
             contended_runs: 1,
             contended_warmup: 50,
             contended_seq: 300,
@@ -82,6 +94,7 @@ impl Plan {
     /// A second or two: every scenario's plumbing, no meaningful figures.
     pub fn smoke(ablations: Vec<Target>) -> Plan {
         Plan {
+            typical_runs: 1,
             oneshot_samples: 3,
             contended_runs: 1,
             contended_warmup: 5,
@@ -90,6 +103,11 @@ impl Plan {
             contended_relay_only: true,
             flood_calls: 3_000,
             flood_settle: Duration::from_millis(100),
+            typical_skip: Some(
+                "skipped in the smoke run (node and the Python SDK take seconds to start); \
+                 `cargo bench --bench stdio -- --quick` runs it"
+                    .into(),
+            ),
             ..Plan::full(ablations)
         }
     }
@@ -110,6 +128,8 @@ impl Plan {
 /// Every scenario's records, for the report and bench/out/stdio-scenarios.json.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Results {
+    pub typical: Vec<TypicalRec>,
+    pub typical_skipped: Option<String>,
     pub oneshot: Vec<OneShotRec>,
     pub contended: Vec<ContendedRec>,
     pub spinners: usize,
@@ -164,6 +184,38 @@ pub struct FloodRec {
 /// Runs the scenarios of `plan`, printing progress on stderr.
 pub fn run(ctx: &mut Ctx, plan: &Plan) -> Results {
     let mut res = Results::default();
+    if plan.runs("typical") {
+        match (&plan.typical_skip, typical::available()) {
+            (Some(why), _) => res.typical_skipped = Some(why.clone()),
+            (None, Err(why)) => {
+                res.typical_skipped = Some(format!("left out: {why}; run scripts/test-deps.sh"))
+            }
+            (None, Ok(())) => {
+                let targets = plan.with_ablations(&[
+                    Target::Direct,
+                    Target::Relay,
+                    Target::Wrap(WrapMode::NoIngest),
+                    Target::Wrap(WrapMode::File),
+                ]);
+                for run in 1..=plan.typical_runs {
+                    for (k, _) in targets.iter().enumerate() {
+                        // Rotating order, so no target always follows the same one.
+                        let t = targets[(k + run as usize - 1) % targets.len()];
+                        eprintln!(
+                            "bench: [typical] run {run}/{} {}",
+                            plan.typical_runs,
+                            t.name()
+                        );
+                        let rec = typical::run(ctx, t, run, plan.typical_calls);
+                        if let Some(e) = &rec.error {
+                            eprintln!("bench: {e}");
+                        }
+                        res.typical.push(rec);
+                    }
+                }
+            }
+        }
+    }
     if plan.runs("oneshot") {
         res.oneshot = oneshot(ctx, plan);
     }
@@ -529,6 +581,9 @@ fn names<'a>(it: impl Iterator<Item = &'a String>) -> Vec<&'a String> {
 
 pub fn render(plan: &Plan, res: &Results) -> String {
     let mut o = String::new();
+    if plan.runs("typical") {
+        render_typical(&mut o, plan, res);
+    }
     if plan.runs("oneshot") {
         render_oneshot(&mut o, plan, res);
     }
@@ -539,6 +594,104 @@ pub fn render(plan: &Plan, res: &Results) -> String {
         render_flood(&mut o, plan, res);
     }
     o
+}
+
+fn render_typical(o: &mut String, plan: &Plan, res: &Results) {
+    let _ = writeln!(
+        o,
+        "\n== typical session: official Python SDK client → server-everything over stdio, {} tools/call (echo); \
+         medians of {} interleaved run(s), unpinned\n",
+        plan.typical_calls, plan.typical_runs
+    );
+    if let Some(why) = &res.typical_skipped {
+        let _ = writeln!(o, "typical session {why}");
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "{:<22} {:>18} {:>14} {:>14} {:>18} {:>12} {:>12} {:>10}",
+        "target",
+        "peak RSS MiB",
+        "server exit",
+        "close→exit",
+        "after server",
+        "SDK sees",
+        "calls ms",
+        "events"
+    );
+    let _ = writeln!(
+        o,
+        "{:<22} {:>18} {:>14} {:>14} {:>18}",
+        "",
+        format!("obs. ≤ {TYPICAL_RSS_MAX_MIB:.0}"),
+        "ms",
+        "ms",
+        format!("ms, wrap ≤ {TYPICAL_CLOSE_MAX_MS:.0}")
+    );
+    for name in names(res.typical.iter().map(|r| &r.target)) {
+        let recs: Vec<&TypicalRec> = res.typical.iter().filter(|r| &r.target == name).collect();
+        let m =
+            |g: fn(&TypicalRec) -> Option<f64>| median(recs.iter().filter_map(|r| g(r)).collect());
+        let rss = m(|r| r.hwm_kib).map(|k| k / MIB);
+        let after = m(|r| Some(r.close_to_exit_ms? - r.close_to_server_exit_ms?));
+        let rss_cell = if observed(name) {
+            format!(
+                "{} {}",
+                f(rss, 1),
+                verdict(rss, |x| x <= TYPICAL_RSS_MAX_MIB)
+            )
+        } else {
+            f(rss, 1)
+        };
+        let after_cell = if is_wrapper(name) {
+            format!(
+                "{} {}",
+                f(after, 2),
+                verdict(after, |x| x <= TYPICAL_CLOSE_MAX_MS)
+            )
+        } else {
+            f(after, 2)
+        };
+        let (seen, made) = recs
+            .iter()
+            .filter_map(|r| r.events)
+            .fold((0, 0), |a, e| (a.0 + e.0, a.1 + e.1));
+        let label = if name == "direct" {
+            "direct (node itself)".to_string()
+        } else {
+            name.clone()
+        };
+        let _ = writeln!(
+            o,
+            "{label:<22} {rss_cell:>18} {:>14} {:>14} {after_cell:>18} {:>12} {:>12} {:>10}",
+            f(m(|r| r.close_to_server_exit_ms), 1),
+            f(m(|r| r.close_to_exit_ms), 1),
+            f(m(|r| r.close_to_context_exit_ms), 1),
+            f(m(|r| r.calls_ms), 1),
+            if made > 0 {
+                format!("{seen}/{made}")
+            } else {
+                "-".into()
+            },
+        );
+        let errors: Vec<&String> = recs.iter().filter_map(|r| r.error.as_ref()).collect();
+        if let Some(e) = errors.first() {
+            let _ = writeln!(
+                o,
+                "  {name} FAILED in {} of {} run(s): {e}",
+                errors.len(),
+                recs.len()
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "(peak RSS = VmHWM of the process the SDK spawned, last read before it exited; from the SDK closing its \
+         stdin (noted by the client): server exit = → node exited, close→exit = → that process exited \
+         (/proc polled every 0.25 ms), after server = their difference, what the wrapper adds to the \
+         exit; SDK sees = → the client's session context exited (the SDK polls every 10 ms); \
+         events = file sink events / calls, summed)"
+    );
 }
 
 fn render_oneshot(o: &mut String, plan: &Plan, res: &Results) {
