@@ -762,7 +762,7 @@ fn render_contended(o: &mut String, plan: &Plan, res: &Results) {
     }
     let _ = writeln!(
         o,
-        "{:<22} {:>8} {:>8} {:>16} {:>10} {:>14} {:>26} {:>22} {:>15} {:>16}",
+        "{:<22} {:>8} {:>8} {:>16} {:>10} {:>14} {:>32} {:>22} {:>15} {:>16}",
         "target",
         "p50 µs",
         "p99 µs",
@@ -840,7 +840,7 @@ fn render_contended(o: &mut String, plan: &Plan, res: &Results) {
         };
         let _ = writeln!(
             o,
-            "{name:<22} {:>8} {:>8} {ratio_cell:>16} {:>10} {:>14} {exit_cell:>26} {after_cell:>22} {:>15} {seq_cell:>16}",
+            "{name:<22} {:>8} {:>8} {ratio_cell:>16} {:>10} {:>14} {exit_cell:>32} {after_cell:>22} {:>15} {seq_cell:>16}",
             f(m(|r| r.seq_p50_us), 0),
             f(p99, 0),
             f(m(|r| r.burst_calls_per_s), 0),
