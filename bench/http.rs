@@ -14,7 +14,11 @@
 //! The upstream is an in-process hyper server on its own runtime thread; the wrapper measured is
 //! the real binary cargo built next to this one (release under `cargo bench`).
 //!
-//! A second table drives real clients and a real server: the official MCP Python SDK client
+//! A slow-readers table: concurrent clients each calling a tool whose result is 20 MiB and
+//! reading it slowly (1 MiB every 50 ms), through the relay and a fresh proxy process per run;
+//! it reports the proxy's peak RSS (issue 20, item 6).
+//!
+//! A last table drives real clients and a real server: the official MCP Python SDK client
 //! (tests/python, in the venv scripts/test-deps.sh builds) making sequential `tools/call` of
 //! `echo` against `@modelcontextprotocol/server-everything` (tests/node), direct, through the
 //! relay and through the observed proxy. When either is not installed the table is left out
@@ -22,17 +26,21 @@
 //!
 //! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
 //! non-zero only when the harness itself cannot run. `cargo bench --bench http` measures
-//! (`BENCH_QUICK=1` for a smaller workload); without `--bench` (as under
+//! (`BENCH_QUICK=1` or `-- --quick` for a smaller workload); without `--bench` (as under
 //! `cargo test --all-targets`) it is a seconds-long smoke run. Results: a table on stdout and,
 //! when measuring, `bench/out/http.json`.
 
 #[path = "../tests/interop_support/mod.rs"]
 mod interop_support;
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -64,6 +72,13 @@ struct Settings {
     py_calls: usize,
     /// Python SDK client runs per target, in rotating order; the table shows the median.
     py_rounds: usize,
+    /// The slow-readers table: concurrent clients, result size, bytes read between pauses,
+    /// the pause, and runs per target (each with a fresh proxy process).
+    slow_clients: usize,
+    slow_result: usize,
+    slow_chunk: usize,
+    slow_pause: Duration,
+    slow_rounds: usize,
 }
 
 type BoxBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -92,6 +107,16 @@ async fn upstream(req: Request<Incoming>) -> Result<Response<BoxBody>, Infallibl
     }
     let msg: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let id = msg.get("id").cloned().unwrap_or(serde_json::Value::Null);
+    if msg.pointer("/params/name").and_then(|v| v.as_str()) == Some("big") {
+        let n = msg
+            .pointer("/params/arguments/bytes")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0) as usize;
+        return Ok(Response::builder()
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(big_result(&id, n)))
+            .unwrap_or_else(|_| Response::new(full(""))));
+    }
     let result = json!({"jsonrpc": "2.0", "id": id,
         "result": {"content": [{"type": "text", "text": "ok"}]}});
     if msg.pointer("/params/name").and_then(|v| v.as_str()) == Some("sse") {
@@ -117,6 +142,69 @@ async fn upstream(req: Request<Incoming>) -> Result<Response<BoxBody>, Infallibl
         .header("content-type", "application/json")
         .body(full(result.to_string()))
         .unwrap_or_else(|_| Response::new(full(""))))
+}
+
+/// A response body of ready-made pieces whose length is known, so hyper sends it with a
+/// content-length, as a server holding the whole JSON text would.
+struct Pieces {
+    left: VecDeque<Bytes>,
+    len: u64,
+}
+
+impl http_body::Body for Pieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let next = self.left.pop_front();
+        if let Some(b) = &next {
+            self.len -= b.len() as u64;
+        }
+        Poll::Ready(next.map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.len)
+    }
+}
+
+/// The text of every big result, allocated once and shared by every response (a 20 MiB result
+/// to 20 clients costs the upstream 20 MiB, not 400).
+static BIG_TEXT: Mutex<Option<Bytes>> = Mutex::new(None);
+
+/// A `tools/call` result whose one text content is `n` bytes of `z`, in 256 KiB frames.
+fn big_result(id: &serde_json::Value, n: usize) -> Pieces {
+    let text = {
+        let mut cached = BIG_TEXT.lock().unwrap_or_else(|e| e.into_inner());
+        match cached.as_ref() {
+            Some(b) if b.len() >= n => b.slice(..n),
+            _ => {
+                let b = Bytes::from(vec![b'z'; n]);
+                *cached = Some(b.clone());
+                b
+            }
+        }
+    };
+    let mut left = VecDeque::new();
+    left.push_back(Bytes::from(format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\""
+    )));
+    let mut at = 0;
+    while at < n {
+        let end = (at + 256 * 1024).min(n);
+        left.push_back(text.slice(at..end));
+        at = end;
+    }
+    left.push_back(Bytes::from_static(b"\"}]}}"));
+    let len = left.iter().map(|b| b.len() as u64).sum();
+    Pieces { left, len }
 }
 
 /// Starts the upstream on its own runtime thread; returns its address.
@@ -152,7 +240,7 @@ fn start_upstream() -> SocketAddr {
 struct Proxy {
     child: Child,
     port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// The argument that makes this binary the minimal relay: `--relay-to <upstream host:port>`.
@@ -251,11 +339,27 @@ impl Proxy {
                 sink.clear();
             }
         });
-        Proxy {
-            child,
-            port,
-            _dir: dir,
+        Proxy { child, port, dir }
+    }
+
+    /// SIGTERM, then waits (at most `limit`) for the proxy to drain, flush and exit; returns
+    /// the events its `file:` sink holds (0 for the relay).
+    fn stop(mut self, limit: Duration) -> u64 {
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
+        let text =
+            std::fs::read_to_string(self.dir.path().join("events.jsonl")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| v["events"].as_array().map_or(0, |a| a.len() as u64))
+            .sum()
     }
 
     /// CPU time (user + system) the proxy has used so far, from /proc.
@@ -421,7 +525,23 @@ fn main() {
     // `cargo bench` passes `--bench`; `cargo test --all-targets` does not, and gets a smoke run
     // that proves the harness works without spending minutes on figures.
     let benching = std::env::args().any(|a| a == "--bench");
-    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1")
+        || std::env::args().any(|a| a == "--quick");
+    let full = Settings {
+        rounds: 5,
+        warmup: 300,
+        calls: 2_000,
+        sse: 100,
+        blobs: 20,
+        py_calls: 500,
+        py_rounds: 5,
+        // Issue 20 item 6: 20 clients × 20 MiB, read 1 MiB every 50 ms.
+        slow_clients: 20,
+        slow_result: 20 * 1024 * 1024,
+        slow_chunk: 1024 * 1024,
+        slow_pause: Duration::from_millis(50),
+        slow_rounds: 3,
+    };
     let s = if !benching {
         Settings {
             rounds: 1,
@@ -431,6 +551,11 @@ fn main() {
             blobs: 1,
             py_calls: 5,
             py_rounds: 1,
+            slow_clients: 2,
+            slow_result: 1024 * 1024,
+            slow_chunk: 256 * 1024,
+            slow_pause: Duration::from_millis(10),
+            slow_rounds: 1,
         }
     } else if quick {
         Settings {
@@ -441,17 +566,11 @@ fn main() {
             blobs: 3,
             py_calls: 100,
             py_rounds: 1,
+            slow_rounds: 1,
+            ..full
         }
     } else {
-        Settings {
-            rounds: 5,
-            warmup: 300,
-            calls: 2_000,
-            sse: 100,
-            blobs: 20,
-            py_calls: 500,
-            py_rounds: 5,
-        }
+        full
     };
     let addr = start_upstream();
     let relay = Proxy::start(addr, Kind::Relay);
@@ -561,6 +680,7 @@ fn main() {
         );
     }
     println!("\nTargets: added p50 ≤ 150 µs; 5 MB bandwidth ≥ 0.8× direct.");
+    let slow_readers = slow_readers_table(addr, &s);
     let python = python_sdk_table(&s);
     if !benching {
         println!(
@@ -573,11 +693,177 @@ fn main() {
         .iter()
         .map(|(n, f)| (n.to_string(), serde_json::to_value(f).unwrap_or_default()))
         .collect();
+    json.insert("slow_readers".into(), slow_readers);
     if let Some(py) = python {
         json.insert("python_sdk".into(), py);
     }
     let json = serde_json::Value::from(json);
     let _ = std::fs::write(format!("{OUT_DIR}/http.json"), json.to_string());
+}
+
+/// Peak RSS target for the proxy under the slow-readers load (issue 20, item 6).
+const SLOW_READERS_RSS_MAX_MIB: f64 = 64.0;
+/// Longest one slow client may wait for its next bytes.
+const SLOW_READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One slow client: a `tools/call` of `big` on its own connection, the response read
+/// `slow_chunk` bytes at a time with `slow_pause` after each. Returns the body bytes read
+/// (chunk framing included if the response is chunked).
+fn slow_client(port: u16, id: usize, s: &Settings) -> Result<usize, String> {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    let _ = conn.set_read_timeout(Some(SLOW_READ_TIMEOUT));
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "big", "arguments": {"bytes": s.slow_result}}})
+    .to_string();
+    write!(
+        conn,
+        "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| format!("request: {e}"))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut head: Vec<u8> = Vec::new();
+    // Until the end of the headers: then the body's length or framing is known.
+    let (mut body_read, length, chunked) = loop {
+        let n = conn.read(&mut buf).map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            return Err(format!(
+                "connection closed in the headers: {:?}",
+                String::from_utf8_lossy(&head)
+            ));
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            let text = String::from_utf8_lossy(&head[..end]).to_ascii_lowercase();
+            if !text.starts_with("http/1.1 200") {
+                return Err(format!("answer: {:?}", text.lines().next()));
+            }
+            let length = text
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            let chunked = text.contains("transfer-encoding: chunked");
+            break (head.len() - end - 4, length, chunked);
+        }
+    };
+    let mut tail: Vec<u8> = head[head.len().saturating_sub(5)..].to_vec();
+    let mut since_pause = body_read;
+    loop {
+        let done = match (length, chunked) {
+            (Some(l), _) => body_read >= l,
+            (None, true) => tail.ends_with(b"0\r\n\r\n"),
+            (None, false) => false,
+        };
+        if done {
+            return Ok(body_read);
+        }
+        if since_pause >= s.slow_chunk {
+            since_pause = 0;
+            std::thread::sleep(s.slow_pause);
+        }
+        let want = buf.len().min(s.slow_chunk - since_pause);
+        let n = conn
+            .read(&mut buf[..want])
+            .map_err(|e| format!("read after {body_read} bytes: {e}"))?;
+        if n == 0 {
+            return Ok(body_read);
+        }
+        body_read += n;
+        since_pause += n;
+        tail.extend_from_slice(&buf[..n]);
+        let cut = tail.len().saturating_sub(5);
+        tail.drain(..cut);
+    }
+}
+
+/// The slow-readers table: `slow_rounds` runs per target, rotating, each against a fresh
+/// relay or proxy process so its peak RSS is this load's alone.
+fn slow_readers_table(upstream: SocketAddr, s: &Settings) -> serde_json::Value {
+    println!(
+        "\nLarge results to slow readers: {} concurrent clients, each one tools/call with a {:.0} MiB result, \
+         read {} KiB every {} ms; a fresh process per run, median of {} run(s)\n",
+        s.slow_clients,
+        s.slow_result as f64 / (1024.0 * 1024.0),
+        s.slow_chunk / 1024,
+        s.slow_pause.as_millis(),
+        s.slow_rounds
+    );
+    let kinds = [
+        ("TCP relay (floor)", Kind::Relay),
+        ("proxy (kill switch)", Kind::KillSwitch),
+        ("proxy (observed)", Kind::Observed),
+    ];
+    let mut peak: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    let mut events: Vec<u64> = vec![0; kinds.len()];
+    let mut errors: Vec<Vec<String>> = vec![Vec::new(); kinds.len()];
+    for round in 0..s.slow_rounds {
+        for k in 0..kinds.len() {
+            let t = (k + round) % kinds.len();
+            let proxy = Proxy::start(upstream, kinds[t].1);
+            let port = proxy.port;
+            let started = Instant::now();
+            let results: Vec<Result<usize, String>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..s.slow_clients)
+                    .map(|i| scope.spawn(move || slow_client(port, i + 1, s)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err("client panicked".into())))
+                    .collect()
+            });
+            wall[t].push(started.elapsed().as_secs_f64());
+            peak[t].push(proxy.rss_kib().1 as f64 / 1024.0);
+            for r in results {
+                match r {
+                    Ok(n) if n >= s.slow_result => {}
+                    Ok(n) => errors[t].push(format!("a client got {n} of {} bytes", s.slow_result)),
+                    Err(e) => errors[t].push(e),
+                }
+            }
+            events[t] += proxy.stop(Duration::from_secs(10));
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        pct(v, 0.5)
+    };
+    println!(
+        "| target | peak RSS MiB | all clients done s | events in the file sink | failed clients |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut out = serde_json::Map::new();
+    for (t, (name, kind)) in kinds.iter().enumerate() {
+        let p = med(&mut peak[t]);
+        let w = med(&mut wall[t]);
+        let verdict = match (*kind == Kind::Observed, p <= SLOW_READERS_RSS_MAX_MIB) {
+            (false, _) => "",
+            (true, true) => " PASS",
+            (true, false) => " MISS",
+        };
+        let ev = if *kind == Kind::Observed {
+            format!("{}/{}", events[t], s.slow_clients * s.slow_rounds)
+        } else {
+            "—".into()
+        };
+        println!(
+            "| {name} | {p:.1}{verdict} | {w:.2} | {ev} | {} |",
+            errors[t].len()
+        );
+        if let Some(e) = errors[t].first() {
+            println!("  {name}: {e}");
+        }
+        out.insert(
+            name.to_string(),
+            json!({"peak_rss_mib": p, "wall_s": w, "events": events[t], "failed_clients": errors[t].len()}),
+        );
+    }
+    println!(
+        "\nTarget: observed proxy peak RSS ≤ {SLOW_READERS_RSS_MAX_MIB:.0} MiB (VmHWM, read when every client is done; \
+         events: the proxy is then stopped with SIGTERM and its file sink counted)."
+    );
+    serde_json::Value::from(out)
 }
 
 /// Longest one Python SDK client run may take: 500 calls took 22 s through the proxy before its

@@ -6,19 +6,27 @@
 //! One self-contained binary: it re-invokes itself (`--role server|relay|phase`) for the mock
 //! server, the relay and each measured phase (the pinned phase runs under `taskset -c 0`, so the
 //! driver, the relay or wrapper, the server and the stand-in ingests all share CPU 0). The
-//! wrapper measured is the real binary cargo built next to this one.
+//! wrapper measured is the real binary cargo built next to this one. After the phases, the
+//! scenario rows (bench/stdio/scenarios.rs: a typical Python SDK session, one-shot start-up,
+//! CPU contention, a flood of unanswered calls) run from this process, unpinned.
 //!
 //! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
 //! non-zero only when the harness itself cannot run (the direct or relay target fails).
 
 #[path = "stdio/ingest.rs"]
 mod ingest;
+#[path = "../tests/interop_support/mod.rs"]
+mod interop_support;
 #[path = "stdio/report.rs"]
 mod report;
 #[path = "stdio/roles.rs"]
 mod roles;
+#[path = "stdio/scenarios.rs"]
+mod scenarios;
 #[path = "stdio/session.rs"]
 mod session;
+#[path = "stdio/typical.rs"]
+mod typical;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -29,7 +37,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use session::{Ctx, Session, Target, WrapMode};
+use session::{Ctx, Mechanism, Session, Target, WrapMode};
 
 /// The wrapper under test, built by cargo for this bench (release profile under `cargo bench`).
 const WRAPPER: &str = env!("CARGO_BIN_EXE_bounded-observe-mcp");
@@ -147,8 +155,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--role") {
         let code = match args.get(1).map(String::as_str) {
-            Some("server") => roles::server_main(),
-            Some("relay") => roles::relay_main(),
+            Some("server") => roles::server_main(&args[2..]),
+            Some("relay") => roles::relay_main(&args[2..]),
             Some("phase") => phase_main(&args[2..]),
             other => {
                 eprintln!("bench: unknown role {other:?}");
@@ -181,26 +189,79 @@ fn driver_main(args: &[String]) -> i32 {
     if let Some(n) = arg_value(args, "--runs").and_then(|v| v.parse().ok()) {
         settings.runs = n;
     }
+    let quick = args.iter().any(|a| a == "--quick");
     if let Some(list) = arg_value(args, "--targets") {
         settings.targets = list.split(',').map(|s| s.trim().to_string()).collect();
         if let Some(bad) = settings.targets.iter().find(|t| Target::parse(t).is_none()) {
             eprintln!(
                 "bench: unknown target {bad:?}; known: {}",
-                Target::ALL.map(|t| t.name()).join(", ")
+                Target::known()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             return 2;
         }
     }
-    let smoke = !benching && !args.iter().any(|a| a == "--quick");
+    let smoke = !benching && !quick;
+    // Ablations: `wrap:file` with one mechanism switched off, in the main table and wherever the
+    // scenarios run `wrap:file`.
+    let ablate = arg_value(args, "--ablate")
+        .map(String::from)
+        .or_else(|| std::env::var(ENV_ABLATE).ok())
+        .unwrap_or_default();
+    let mut ablations = Vec::new();
+    for name in ablate.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let Some(m) = Mechanism::parse(name) else {
+            eprintln!(
+                "bench: unknown ablation {name:?}; known: {}",
+                Mechanism::ALL.map(|m| m.name()).join(", ")
+            );
+            return 2;
+        };
+        let t = Target::Wrap(WrapMode::FileWithout(m));
+        if !ablations.contains(&t) {
+            ablations.push(t);
+        }
+        if !settings.targets.iter().any(|n| n == t.name()) {
+            settings.targets.push(t.name().to_string());
+        }
+    }
+    let mut plan = if smoke {
+        scenarios::Plan::smoke(ablations)
+    } else if quick {
+        scenarios::Plan::quick(ablations)
+    } else {
+        scenarios::Plan::full(ablations)
+    };
+    if let Some(list) = arg_value(args, "--scenarios") {
+        plan.which = list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty() && s != "none")
+            .collect();
+        if let Some(bad) = plan
+            .which
+            .iter()
+            .find(|w| !scenarios::NAMES.contains(&w.as_str()))
+        {
+            eprintln!(
+                "bench: unknown scenario {bad:?}; known: {}",
+                scenarios::NAMES.join(", ")
+            );
+            return 2;
+        }
+    }
+    let main_table = !args.iter().any(|a| a == "--scenarios-only");
     let mut phases: Vec<&str> = Vec::new();
-    if !args.iter().any(|a| a == "--unpinned-only") && !smoke {
+    if main_table && !args.iter().any(|a| a == "--unpinned-only") && !smoke {
         if taskset_works() {
             phases.push("pinned");
         } else {
             eprintln!("bench: `taskset -c 0` is not usable here; the pinned phase is skipped");
         }
     }
-    if !args.iter().any(|a| a == "--pinned-only") {
+    if main_table && !args.iter().any(|a| a == "--pinned-only") {
         phases.push("unpinned");
     }
 
@@ -257,7 +318,7 @@ fn driver_main(args: &[String]) -> i32 {
         }
     }
 
-    if std::fs::create_dir_all(OUT_DIR).is_ok() {
+    if main_table && std::fs::create_dir_all(OUT_DIR).is_ok() {
         let path = PathBuf::from(OUT_DIR).join("stdio-last.jsonl");
         if let Ok(mut f) = std::fs::File::create(&path) {
             for r in &records {
@@ -269,17 +330,79 @@ fn driver_main(args: &[String]) -> i32 {
         }
     }
 
-    let text = report::render(&settings, &phases, &records);
-    print!("{text}");
+    if main_table {
+        let text = report::render(&settings, &phases, &records);
+        print!("{text}");
+    }
+    let mut scenarios_broken = false;
+    if !plan.which.is_empty() {
+        let (text, broken) = run_scenarios(&exe, &plan);
+        print!("{text}");
+        scenarios_broken = broken;
+    }
     // The harness itself must work: without direct and relay numbers nothing above means anything.
     let harness_broken = records
         .iter()
         .any(|r| (r.target == "direct" || r.target == "relay") && r.error.is_some());
-    if harness_broken || records.is_empty() {
+    if harness_broken || scenarios_broken || (main_table && records.is_empty()) {
         eprintln!("bench: the harness's own targets failed (see above)");
         return 1;
     }
     0
+}
+
+/// Env var: the same as `--ablate` (a comma-separated list of mechanisms to switch off).
+const ENV_ABLATE: &str = "BENCH_ABLATE";
+
+/// Runs the scenario rows in this process; returns their report and whether one of the
+/// harness's own targets (direct, relay) failed in them.
+fn run_scenarios(exe: &std::path::Path, plan: &scenarios::Plan) -> (String, bool) {
+    let tmp = match tempfile::tempdir() {
+        Ok(t) => t,
+        Err(e) => return (format!("\nscenarios not run: temp dir: {e}\n"), true),
+    };
+    let mut ctx = Ctx {
+        exe: exe.to_path_buf(),
+        wrapper: PathBuf::from(WRAPPER),
+        tmp: tmp.path().to_path_buf(),
+        healthy: None,
+        black_hole: None,
+        serial: 0,
+    };
+    let _tmp = if std::env::var_os(ENV_KEEP_TMP).is_some() {
+        eprintln!("bench: keeping scenario logs in {}", tmp.path().display());
+        let _ = tmp.keep();
+        None
+    } else {
+        Some(tmp)
+    };
+    let res = scenarios::run(&mut ctx, plan);
+    if std::fs::create_dir_all(OUT_DIR).is_ok() {
+        let path = PathBuf::from(OUT_DIR).join("stdio-scenarios.json");
+        if let Ok(text) = serde_json::to_string_pretty(&res) {
+            if std::fs::write(&path, text).is_ok() {
+                eprintln!("bench: scenario results in {}", path.display());
+            }
+        }
+    }
+    let own = |t: &str| t == "direct" || t == "relay";
+    let broken = res
+        .typical
+        .iter()
+        .any(|r| own(&r.target) && r.error.is_some())
+        || res
+            .oneshot
+            .iter()
+            .any(|r| own(&r.target) && !r.errors.is_empty())
+        || res
+            .contended
+            .iter()
+            .any(|r| own(&r.target) && !r.errors.is_empty())
+        || res
+            .flood
+            .iter()
+            .any(|r| own(&r.target) && r.error.is_some());
+    (scenarios::render(plan, &res), broken)
 }
 
 fn taskset_works() -> bool {

@@ -153,10 +153,9 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
         s.runs
     );
     for phase in phases {
-        let by_target: Vec<(Target, Agg)> = Target::ALL
-            .iter()
+        let by_target: Vec<(Target, Agg)> = Target::known()
             .filter(|t| s.targets.iter().any(|n| n == t.name()))
-            .map(|&t| {
+            .map(|t| {
                 let recs: Vec<&Record> = records
                     .iter()
                     .filter(|r| r.phase == *phase && r.target == t.name())
@@ -178,7 +177,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
         let _ = writeln!(o, "\n== {title}\n");
         let _ = writeln!(
             o,
-            "{:<15} {:>8} {:>8} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13}",
+            "{:<20} {:>8} {:>8} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13}",
             "target",
             "p50 µs",
             "p99 µs",
@@ -194,7 +193,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
         for (t, a) in &by_target {
             let _ = writeln!(
                 o,
-                "{:<15} {:>8} {:>8} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13}",
+                "{:<20} {:>8} {:>8} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>13}",
                 t.name(),
                 f(a.p50, 1),
                 f(a.p99, 1),
@@ -217,7 +216,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
         let (direct, relay) = (get("direct"), get("relay"));
         let _ = writeln!(
             o,
-            "\n{:<15} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14}",
+            "\n{:<20} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14}",
             "vs relay",
             "added p50",
             "added p99",
@@ -229,7 +228,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
         );
         let _ = writeln!(
             o,
-            "{:<15} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14}",
+            "{:<20} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14}",
             "target",
             format!("≤ {ADDED_P50_MAX:.2}"),
             format!("≤ {ADDED_P99_MAX:.2}"),
@@ -256,7 +255,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
             };
             let _ = writeln!(
                 o,
-                "{:<15} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14}",
+                "{:<20} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14}",
                 t.name(),
                 cell(added(a.p50, r(|a| a.p50), d(|a| a.p50)), 2, |x| x
                     <= ADDED_P50_MAX),
@@ -301,7 +300,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
             "\nCPU of the target's top process by thread: µs per sequential call / per pipelined call / per MB of 5 MB responses"
         );
         for (t, a) in &by_target {
-            let mut line = format!("{:<15}", t.name());
+            let mut line = format!("{:<20}", t.name());
             for (name, v) in &a.cpu_pipe {
                 let _ = write!(
                     line,
@@ -317,7 +316,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
             "\nMinor page faults of the target's top process by thread: per 1,000 pipelined calls / per MB of 5 MB responses"
         );
         for (t, a) in &by_target {
-            let mut line = format!("{:<15}", t.name());
+            let mut line = format!("{:<20}", t.name());
             for (name, v) in &a.faults_pipe {
                 let bw = a.faults_bw.get(name).copied().unwrap_or(0.0);
                 let _ = write!(line, "  {name} {v:.1} / {bw:.1}");
@@ -337,7 +336,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
                 );
                 shown = true;
             }
-            let mut line = format!("{:<15}", t.name());
+            let mut line = format!("{:<20}", t.name());
             for (k, (seen, calls, not_ok)) in &a.events {
                 let _ = write!(line, "  {k} {seen}/{calls} ({not_ok})");
             }

@@ -1,5 +1,5 @@
-//! The two helper processes the harness re-invokes itself as: the mock MCP server and the
-//! minimal byte relay.
+//! The two helper processes the harness re-invokes itself as: the mock MCP server (in one of its
+//! [`ServerMode`]s) and the minimal byte relay.
 //!
 //! Both use the raw stdin/stdout file descriptors (duplicated into `File`s) so that std's
 //! buffered `Stdout` never adds a copy or a delayed flush: every response is one `write_all`.
@@ -52,10 +52,45 @@ fn blob_size(line: &[u8]) -> usize {
         .fold(0usize, |n, b| n * 10 + usize::from(b - b'0'))
 }
 
+/// How the mock server behaves; the argument after `--role server` (none: [`ServerMode::Normal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerMode {
+    /// Answers everything, exits at stdin EOF.
+    Normal,
+    /// `oneshot`: answers the first `initialize` and exits at once (a per-session server that
+    /// is spawned, asked one thing and gone: the start-up row).
+    OneShot,
+    /// `mute`: reads and discards every `tools/call`, answering only `initialize` and
+    /// `tools/list` (the flood of unanswered calls).
+    Mute,
+}
+
+impl ServerMode {
+    /// The argument that selects the mode after `--role server`.
+    pub fn arg(self) -> Option<&'static str> {
+        match self {
+            ServerMode::Normal => None,
+            ServerMode::OneShot => Some("oneshot"),
+            ServerMode::Mute => Some("mute"),
+        }
+    }
+
+    fn parse(arg: Option<&str>) -> Option<ServerMode> {
+        [ServerMode::Normal, ServerMode::OneShot, ServerMode::Mute]
+            .into_iter()
+            .find(|m| m.arg() == arg)
+    }
+}
+
 /// A fast mock MCP stdio server: `initialize`, `tools/list`, and `tools/call` for `echo`
-/// (a small result) and `blob` (a text result of `arguments.bytes` bytes). Exits 0 at stdin EOF.
-pub fn server_main() -> i32 {
-    match serve() {
+/// (a small result) and `blob` (a text result of `arguments.bytes` bytes). Exits 0 at stdin EOF
+/// (in the normal mode; see [`ServerMode`]). `args` are the arguments after `--role server`.
+pub fn server_main(args: &[String]) -> i32 {
+    let Some(mode) = ServerMode::parse(args.first().map(String::as_str)) else {
+        eprintln!("bench server: unknown mode {:?}", args.first());
+        return 2;
+    };
+    match serve(mode) {
         Ok(()) => 0,
         // The client went away mid-write: the end of the session, not a failure.
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => 0,
@@ -66,7 +101,7 @@ pub fn server_main() -> i32 {
     }
 }
 
-fn serve() -> io::Result<()> {
+fn serve(mode: ServerMode) -> io::Result<()> {
     let mut input = BufReader::with_capacity(SERVER_READ_BUF, raw_stdin()?);
     let mut out = raw_stdout()?;
     let mut line = Vec::with_capacity(1024);
@@ -80,10 +115,14 @@ fn serve() -> io::Result<()> {
         let Some(id) = request_id(&line) else {
             continue; // notifications get no answer
         };
+        let is_call = find(&line, b"\"method\":\"tools/call\"").is_some();
+        if is_call && mode == ServerMode::Mute {
+            continue;
+        }
         resp.clear();
         resp.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
         resp.extend_from_slice(id);
-        if find(&line, b"\"method\":\"tools/call\"").is_some() {
+        if is_call {
             if find(&line, b"\"name\":\"blob\"").is_some() {
                 let n = blob_size(&line);
                 if payload.len() < n {
@@ -113,13 +152,18 @@ fn serve() -> io::Result<()> {
             );
         }
         out.write_all(&resp)?;
+        if mode == ServerMode::OneShot && find(&line, b"\"method\":\"initialize\"").is_some() {
+            return Ok(());
+        }
     }
 }
 
 /// The minimal byte relay the wrapper is compared with: spawn the server, copy stdin → child and
-/// child → stdout on two plain threads, exit with the child's code. Nothing else.
-pub fn relay_main() -> i32 {
-    match relay() {
+/// child → stdout on two plain threads, exit with the child's code. Nothing else. `args` are the
+/// arguments after `--role relay`: `-- <command> [args…]` relays to that command instead of this
+/// binary's own `--role server`.
+pub fn relay_main(args: &[String]) -> i32 {
+    match relay(args) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("bench relay: {e}");
@@ -128,10 +172,20 @@ pub fn relay_main() -> i32 {
     }
 }
 
-fn relay() -> io::Result<i32> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .args(["--role", "server"])
+fn relay(args: &[String]) -> io::Result<i32> {
+    let mut cmd = match args {
+        [dashes, program, rest @ ..] if dashes == "--" => {
+            let mut c = Command::new(program);
+            c.args(rest);
+            c
+        }
+        _ => {
+            let mut c = Command::new(std::env::current_exe()?);
+            c.args(["--role", "server"]);
+            c
+        }
+    };
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

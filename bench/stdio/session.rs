@@ -6,6 +6,7 @@
 //! The driver's own work (formatting requests, reading lines) is identical for every target.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -15,6 +16,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use crate::roles::ServerMode;
 
 /// Driver read buffer: large enough that a 5 MB response costs few syscalls on our side.
 const DRIVER_READ_BUF: usize = 64 * 1024;
@@ -26,6 +29,50 @@ pub const ENV_WRAPPER_DEBUG: &str = "BENCH_WRAPPER_DEBUG";
 /// A syntactically valid sensor token: the stand-in ingests never verify it.
 pub const BENCH_TOKEN: &str = "obs1.bench.c2ln";
 
+/// A mechanism of the wrapper's that a benchmark row can switch off, to show what it buys
+/// (issue 20 item 7). The switch is [`ENV_DISABLE`] in the wrapper's environment: a benchmark
+/// switch, not a user flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    /// The observer's pacing rules (slices and yields while the relay is busy).
+    Pacer,
+    /// The pre-written stock of relay read blocks.
+    Stock,
+    /// The observer's idle scheduling class.
+    Idle,
+    /// Head/tail summaries of large messages.
+    Summary,
+    /// The tap's trimming of large messages.
+    Trim,
+}
+
+/// The environment variable a `wrap:file-no-<name>` target sets on the wrapper.
+pub const ENV_DISABLE: &str = "BOUNDED_BENCH_DISABLE";
+
+impl Mechanism {
+    pub const ALL: [Mechanism; 5] = [
+        Mechanism::Pacer,
+        Mechanism::Stock,
+        Mechanism::Idle,
+        Mechanism::Summary,
+        Mechanism::Trim,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Pacer => "pacer",
+            Mechanism::Stock => "stock",
+            Mechanism::Idle => "idle",
+            Mechanism::Summary => "summary",
+            Mechanism::Trim => "trim",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mechanism> {
+        Mechanism::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
 /// How the wrapper is configured for a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WrapMode {
@@ -33,10 +80,19 @@ pub enum WrapMode {
     NoIngest,
     /// `--ingest file:<tmp>`: events filtered and appended as JSON lines.
     File,
+    /// The same with one mechanism switched off (`BOUNDED_BENCH_DISABLE=<name>`).
+    FileWithout(Mechanism),
     /// Token + the in-harness ingest that answers 200.
     Healthy,
     /// Token + a listener that accepts and never answers.
     BlackHole,
+}
+
+impl WrapMode {
+    /// Observed with the `file:` sink, with or without an ablation.
+    pub fn is_file(self) -> bool {
+        matches!(self, WrapMode::File | WrapMode::FileWithout(_))
+    }
 }
 
 /// What is measured.
@@ -48,6 +104,7 @@ pub enum Target {
 }
 
 impl Target {
+    /// The targets a run measures unless told otherwise.
     pub const ALL: [Target; 6] = [
         Target::Direct,
         Target::Relay,
@@ -57,19 +114,40 @@ impl Target {
         Target::Wrap(WrapMode::BlackHole),
     ];
 
+    /// Every target there is, in report order: [`Target::ALL`], then the ablations.
+    pub fn known() -> impl Iterator<Item = Target> {
+        Target::ALL.into_iter().chain(
+            Mechanism::ALL
+                .into_iter()
+                .map(|m| Target::Wrap(WrapMode::FileWithout(m))),
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Target::Direct => "direct",
             Target::Relay => "relay",
             Target::Wrap(WrapMode::NoIngest) => "wrap:none",
             Target::Wrap(WrapMode::File) => "wrap:file",
+            Target::Wrap(WrapMode::FileWithout(m)) => match m {
+                Mechanism::Pacer => "wrap:file-no-pacer",
+                Mechanism::Stock => "wrap:file-no-stock",
+                Mechanism::Idle => "wrap:file-no-idle",
+                Mechanism::Summary => "wrap:file-no-summary",
+                Mechanism::Trim => "wrap:file-no-trim",
+            },
             Target::Wrap(WrapMode::Healthy) => "wrap:healthy",
             Target::Wrap(WrapMode::BlackHole) => "wrap:blackhole",
         }
     }
 
     pub fn parse(s: &str) -> Option<Target> {
-        Target::ALL.into_iter().find(|t| t.name() == s)
+        Target::known().find(|t| t.name() == s)
+    }
+
+    /// Observed with the `file:` sink (`wrap:file` and its ablations).
+    pub fn is_file(self) -> bool {
+        matches!(self, Target::Wrap(m) if m.is_file())
     }
 }
 
@@ -130,40 +208,59 @@ pub fn blob_request(id: u64, bytes: usize) -> String {
     )
 }
 
-fn response_prefix(id: u64) -> String {
+/// The driver's `initialize` request (id 0).
+pub const INITIALIZE: &str = "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"bench-driver\",\"version\":\"1.0.0\"}}}\n";
+
+pub fn response_prefix(id: u64) -> String {
     format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},")
 }
 
-impl Session {
-    /// Spawns the target and completes `initialize`, `notifications/initialized`, `tools/list`.
-    pub fn start(ctx: &mut Ctx, target: Target) -> Result<Session, String> {
-        ctx.serial += 1;
-        let label = format!("{}-{}", target.name().replace(':', "-"), ctx.serial);
-        let stderr_path = ctx.tmp.join(format!("{label}.stderr"));
-        let stderr = File::create(&stderr_path).map_err(|e| format!("stderr log: {e}"))?;
+/// The command line a target runs as, around a given server command.
+pub struct Launch {
+    pub argv: Vec<OsString>,
+    /// Set on the target's process, after every variable of the wrapper's own is removed.
+    pub env: Vec<(&'static str, &'static str)>,
+    /// Where the `file:` sink writes, for counting events afterwards.
+    pub events_file: Option<PathBuf>,
+}
+
+impl Launch {
+    /// The target, around `server` (a full argv). `label` names its files in the temp dir.
+    pub fn new(
+        ctx: &Ctx,
+        target: Target,
+        server: &[OsString],
+        label: &str,
+    ) -> Result<Launch, String> {
         let mut events_file = None;
-        let mut cmd = match target {
-            Target::Direct => {
-                let mut c = Command::new(&ctx.exe);
-                c.args(["--role", "server"]);
-                c
-            }
+        let mut env = Vec::new();
+        let argv = match target {
+            Target::Direct => server.to_vec(),
             Target::Relay => {
-                let mut c = Command::new(&ctx.exe);
-                c.args(["--role", "relay"]);
-                c
+                let mut v: Vec<OsString> = vec![
+                    ctx.exe.clone().into(),
+                    "--role".into(),
+                    "relay".into(),
+                    "--".into(),
+                ];
+                v.extend_from_slice(server);
+                v
             }
             Target::Wrap(mode) => {
-                let mut c = Command::new(&ctx.wrapper);
+                let mut v: Vec<OsString> = vec![ctx.wrapper.clone().into()];
                 if std::env::var_os(ENV_WRAPPER_DEBUG).is_some() {
-                    c.arg("--debug");
+                    v.push("--debug".into());
                 }
                 match mode {
                     WrapMode::NoIngest => {}
-                    WrapMode::File => {
+                    WrapMode::File | WrapMode::FileWithout(_) => {
                         let path = ctx.tmp.join(format!("{label}.events.jsonl"));
-                        c.arg("--ingest").arg(format!("file:{}", path.display()));
+                        v.push("--ingest".into());
+                        v.push(format!("file:{}", path.display()).into());
                         events_file = Some(path);
+                        if let WrapMode::FileWithout(m) = mode {
+                            env.push((ENV_DISABLE, m.name()));
+                        }
                     }
                     WrapMode::Healthy | WrapMode::BlackHole => {
                         let addr = if mode == WrapMode::Healthy {
@@ -172,17 +269,78 @@ impl Session {
                             ctx.black_hole
                         }
                         .ok_or("stand-in ingest not running")?;
-                        c.args(["--token", BENCH_TOKEN, "--ingest"])
-                            .arg(format!("http://{addr}"));
+                        v.extend(["--token", BENCH_TOKEN, "--ingest"].map(OsString::from));
+                        v.push(format!("http://{addr}").into());
                     }
                 }
-                c.arg("--").arg(&ctx.exe).args(["--role", "server"]);
-                c
+                v.push("--".into());
+                v.extend_from_slice(server);
+                v
             }
         };
-        for name in bounded_observe_mcp::config::ALL_ENV {
-            cmd.env_remove(name);
+        Ok(Launch {
+            argv,
+            env,
+            events_file,
+        })
+    }
+
+    /// A `Command` for it, with none of the wrapper's variables inherited from the harness.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..]);
+        clean_env(&mut cmd);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
         }
+        cmd
+    }
+}
+
+/// Removes every variable the wrapper reads (and the benchmark's ablation switch) from `cmd`'s
+/// environment.
+pub fn clean_env(cmd: &mut Command) {
+    for name in bounded_observe_mcp::config::ALL_ENV {
+        cmd.env_remove(name);
+    }
+    cmd.env_remove(ENV_DISABLE);
+}
+
+impl Ctx {
+    /// The mock server's argv: this binary's `--role server`, in `mode`.
+    pub fn bench_server(&self, mode: ServerMode) -> Vec<OsString> {
+        let mut v: Vec<OsString> = vec![self.exe.clone().into(), "--role".into(), "server".into()];
+        v.extend(mode.arg().map(OsString::from));
+        v
+    }
+
+    /// A fresh label for one session's files in the temp dir.
+    pub fn label(&mut self, target: Target) -> String {
+        self.serial += 1;
+        format!("{}-{}", target.name().replace(':', "-"), self.serial)
+    }
+}
+
+impl Session {
+    /// Spawns the target around the mock server and completes `initialize`,
+    /// `notifications/initialized`, `tools/list`.
+    pub fn start(ctx: &mut Ctx, target: Target) -> Result<Session, String> {
+        let server = ctx.bench_server(ServerMode::Normal);
+        Session::start_with(ctx, target, &server)
+    }
+
+    /// The same around any server command (argv) that answers like the mock server.
+    pub fn start_with(
+        ctx: &mut Ctx,
+        target: Target,
+        server: &[OsString],
+    ) -> Result<Session, String> {
+        let label = ctx.label(target);
+        let stderr_path = ctx.tmp.join(format!("{label}.stderr"));
+        let stderr = File::create(&stderr_path).map_err(|e| format!("stderr log: {e}"))?;
+        let launch = Launch::new(ctx, target, server, &label)?;
+        let events_file = launch.events_file.clone();
+        let mut cmd = launch.command();
         // Own process group, so the watchdog can kill the whole pipeline at once.
         cmd.process_group(0)
             .stdin(Stdio::piped())
@@ -196,7 +354,7 @@ impl Session {
             let _ = child.wait();
             return Err("child pipes missing".into());
         };
-        let watchdog = start_watchdog(child.id());
+        let watchdog = start_watchdog(child.id(), SESSION_DEADLINE);
         let mut s = Session {
             target,
             child,
@@ -209,10 +367,9 @@ impl Session {
             line: Vec::with_capacity(1024),
             calls: 0,
         };
-        let hello = "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"bench-driver\",\"version\":\"1.0.0\"}}}\n";
         let list = "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/list\",\"params\":{}}\n";
         let handshake = s
-            .send(hello.as_bytes())
+            .send(INITIALIZE.as_bytes())
             .and_then(|()| s.expect_response(0))
             .and_then(|()| s.send(list.as_bytes()))
             .and_then(|()| s.expect_response(1));
@@ -336,6 +493,18 @@ impl Session {
         read
     }
 
+    /// One `tools/list` round trip (the mute server answers it, so its answer also says every
+    /// request written before it has been read by the server).
+    pub fn list_tools(&mut self) -> io::Result<()> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let req = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/list\",\"params\":{{}}}}\n"
+        );
+        self.send(req.as_bytes())?;
+        self.expect_response(id)
+    }
+
     /// Reserves `n` request ids for a pipelined batch; returns the first.
     pub fn take_ids(&mut self, n: u64) -> u64 {
         let first = self.next_id;
@@ -393,7 +562,167 @@ impl Session {
     }
 }
 
-fn describe(s: ExitStatus) -> String {
+/// The end of a session whose exit is watched under a deadline (see [`Session::close_watched`]).
+pub struct Watched {
+    /// Close → the target's exit; `None` when it had not exited by the deadline (it was killed).
+    pub close_to_exit: Option<Duration>,
+    /// Close → the exit of the server the target runs (the target itself for `direct`);
+    /// `None` when it was not seen to exit.
+    pub close_to_server_exit: Option<Duration>,
+    /// The target's VmHWM, last read before it exited, KiB.
+    pub hwm_kib: u64,
+    /// How the target ended, e.g. "exited with code 0", "no exit in 30 s (killed)".
+    pub ending: String,
+}
+
+/// How often [`Session::close_watched`] looks at the processes.
+const WATCH_POLL: Duration = Duration::from_micros(250);
+
+impl Session {
+    /// The target's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Closes our end of the target's stdin and watches the target and its server exit, while
+    /// another thread drains and discards what the target still writes. A target still running
+    /// `deadline` after the close is killed with its process group. VmHWM is read on every look,
+    /// so a peak reached during the shutdown is seen.
+    pub fn close_watched(self, deadline: Duration) -> Watched {
+        let Session {
+            target,
+            mut child,
+            stdin,
+            mut stdout,
+            stderr_path,
+            ..
+        } = self;
+        let pid = child.id();
+        let server = if target == Target::Direct {
+            None
+        } else {
+            children_of(pid).first().copied()
+        };
+        let mut hwm = read_hwm(pid).unwrap_or(0);
+        let t0 = Instant::now();
+        drop(stdin);
+        // Detached: a process that inherited the pipe could keep it open past the target.
+        thread::spawn(move || {
+            let mut buf = vec![0u8; DRIVER_READ_BUF];
+            while matches!(stdout.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        let mut server_exit = None;
+        loop {
+            if let (None, Some(sp)) = (server_exit, server) {
+                if !alive(sp) {
+                    server_exit = Some(t0.elapsed());
+                }
+            }
+            if let Some(h) = read_hwm(pid) {
+                hwm = hwm.max(h);
+            }
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    let at = t0.elapsed();
+                    let mut ending = describe(status);
+                    if !status.success() {
+                        ending = format!("{ending}; stderr: {}", stderr_tail(&stderr_path));
+                    }
+                    return Watched {
+                        close_to_exit: Some(at),
+                        close_to_server_exit: server_exit.or(server.is_none().then_some(at)),
+                        hwm_kib: hwm,
+                        ending,
+                    };
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    kill_group(pid);
+                    let _ = child.wait();
+                    return Watched {
+                        close_to_exit: None,
+                        close_to_server_exit: server_exit,
+                        hwm_kib: hwm,
+                        ending: format!("wait failed: {e} (killed)"),
+                    };
+                }
+            }
+            if t0.elapsed() >= deadline {
+                kill_group(pid);
+                if let Some(sp) = server {
+                    kill_pid(sp);
+                }
+                let _ = child.wait();
+                return Watched {
+                    close_to_exit: None,
+                    close_to_server_exit: server_exit,
+                    hwm_kib: hwm,
+                    ending: format!("no exit in {} s (killed)", deadline.as_secs()),
+                };
+            }
+            thread::sleep(WATCH_POLL);
+        }
+    }
+}
+
+/// VmHWM of a live process, KiB; `None` once it has exited (a zombie has no memory lines).
+pub fn read_hwm(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Whether `pid` is still running: not gone, and not a zombie whose last thread has exited.
+/// (A thread-group leader that exits before its other threads shows as a zombie while they
+/// run on, with `Threads:` counting them; a process that is really over shows 1.)
+pub fn alive(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let zombie = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    let threads: u32 = field("Threads:").and_then(|t| t.parse().ok()).unwrap_or(1);
+    !(zombie && threads <= 1)
+}
+
+/// The processes whose parent is `pid`, found by scanning /proc/*/stat (field 4, the ppid).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut kids: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|st| {
+                    let rest = &st[st.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect();
+    kids.sort_unstable();
+    kids
+}
+
+/// SIGKILL to one process, through the `kill` utility (no `unsafe`).
+pub fn kill_pid(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+pub fn describe(s: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (s.code(), s.signal()) {
         (Some(c), _) => format!("exited with code {c}"),
@@ -402,7 +731,7 @@ fn describe(s: ExitStatus) -> String {
     }
 }
 
-fn stderr_tail(path: &Path) -> String {
+pub fn stderr_tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     let tail = lines[lines.len().saturating_sub(4)..].join(" | ");
@@ -414,18 +743,19 @@ fn stderr_tail(path: &Path) -> String {
 }
 
 /// Kills a process group without `unsafe`: the `kill` utility does the syscall.
-fn kill_group(pgid: u32) {
+pub fn kill_group(pgid: u32) {
     let _ = Command::new("kill")
         .args(["-KILL", "--", &format!("-{pgid}")])
         .stderr(Stdio::null())
         .status();
 }
 
-fn start_watchdog(pgid: u32) -> mpsc::Sender<()> {
+/// Kills process group `pgid` after `deadline`, unless the returned sender is dropped first.
+pub fn start_watchdog(pgid: u32, deadline: Duration) -> mpsc::Sender<()> {
     let (tx, rx) = mpsc::channel::<()>();
     thread::spawn(move || {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(SESSION_DEADLINE) {
-            eprintln!("bench: session overran {SESSION_DEADLINE:?}; killing process group {pgid}");
+        if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(deadline) {
+            eprintln!("bench: session overran {deadline:?}; killing process group {pgid}");
             kill_group(pgid);
         }
     });

@@ -1,7 +1,7 @@
 """Interop driver built on the official MCP Python SDK (PyPI `mcp`, pinned in requirements.txt).
 
 Used by tests/python_interop.rs and bench/http.rs, against an MCP server's Streamable HTTP
-endpoint, directly or through the proxy:
+endpoint, directly or through the proxy, and by bench/stdio.rs over stdio:
 
   python mcp_client.py transcript <url>
     Runs a fixed session (connect, list tools, call echo, get-sum, a tool that streams progress
@@ -12,6 +12,17 @@ endpoint, directly or through the proxy:
   python mcp_client.py bench <url> <calls>
     Connects, then makes <calls> sequential `tools/call` of echo, and prints one JSON line with
     the seconds those calls took (connecting and closing are not timed).
+
+  python mcp_client.py stdio-session <calls> [--env NAME=VALUE]... -- <command> [args...]
+    The SDK's own stdio client launches <command> (the environment it passes is the SDK's
+    default plus each --env), makes <calls> sequential `tools/call` of echo, then prints one
+    JSON line: the launched process's pid and the seconds the calls took. It then waits for a
+    line on its own stdin before closing the session, so the caller can look at the process
+    while it is still running, and prints a second JSON line: when the SDK closed the server's
+    stdin (`close_ns`, CLOCK_MONOTONIC, just after the close returned) and when the client's
+    session context had exited (`context_exit_ns`). The two timestamps come from read-only
+    wrappers around two of the SDK's private helpers (`_create_platform_compatible_process`,
+    `_close_pipe`, pinned SDK); everything else is the SDK as it is.
 
 The transcript is taken between the SDK's client session and its Streamable HTTP transport, so
 it shows what a real SDK client receives, including notifications it did not ask for.
@@ -188,14 +199,77 @@ async def bench(url: str, calls: int) -> dict[str, Any]:
     return {"calls": calls, "seconds": secs}
 
 
+async def stdio_session(calls: int, env: dict[str, str], argv: list[str]) -> dict[str, Any]:
+    from mcp.client import stdio as sdk_stdio
+    from mcp.client.stdio import StdioServerParameters
+
+    seen: dict[str, Any] = {}
+    create = sdk_stdio._create_platform_compatible_process
+    close_pipe = sdk_stdio._close_pipe
+
+    async def noting_create(*args: Any, **kwargs: Any) -> Any:
+        process = await create(*args, **kwargs)
+        seen["process"] = process
+        return process
+
+    async def noting_close(stream: Any) -> None:
+        await close_pipe(stream)
+        process = seen.get("process")
+        if process is not None and stream is process.stdin and "close_ns" not in seen:
+            seen["close_ns"] = time.monotonic_ns()
+
+    sdk_stdio._create_platform_compatible_process = noting_create
+    sdk_stdio._close_pipe = noting_close
+
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
+    async with Client(params, client_info=CLIENT_INFO, read_timeout_seconds=READ_TIMEOUT_S) as client:
+        t = time.perf_counter()
+        for i in range(calls):
+            r = await client.call_tool("echo", {"message": f"call {i}"})
+            if r.is_error:
+                raise SystemExit(f"echo call {i} failed: {r}")
+        secs = time.perf_counter() - t
+        process = seen.get("process")
+        print(
+            json.dumps({"pid": process.pid if process else None, "calls": calls, "seconds": secs}),
+            flush=True,
+        )
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+    return {"close_ns": seen.get("close_ns"), "context_exit_ns": time.monotonic_ns()}
+
+
+def parse_stdio_session(args: list[str]) -> tuple[int, dict[str, str], list[str]] | None:
+    """`<calls> [--env NAME=VALUE]... -- <command> [args...]`, or None when malformed."""
+    if not args or "--" not in args:
+        return None
+    head, argv = args[: args.index("--")], args[args.index("--") + 1 :]
+    if not head or not head[0].isdigit() or not argv:
+        return None
+    env: dict[str, str] = {}
+    rest = head[1:]
+    while rest:
+        if len(rest) < 2 or rest[0] != "--env" or "=" not in rest[1]:
+            return None
+        name, value = rest[1].split("=", 1)
+        env[name] = value
+        rest = rest[2:]
+    return int(head[0]), env, argv
+
+
 def main() -> None:
     args = sys.argv[1:]
     if len(args) == 2 and args[0] == "transcript":
         out = anyio.run(transcript, args[1])
     elif len(args) == 3 and args[0] == "bench":
         out = anyio.run(bench, args[1], int(args[2]))
+    elif args and args[0] == "stdio-session" and (parsed := parse_stdio_session(args[1:])):
+        out = anyio.run(stdio_session, *parsed)
     else:
-        print("usage: mcp_client.py transcript <url> | bench <url> <calls>", file=sys.stderr)
+        print(
+            "usage: mcp_client.py transcript <url> | bench <url> <calls>"
+            " | stdio-session <calls> [--env NAME=VALUE]... -- <command> [args...]",
+            file=sys.stderr,
+        )
         sys.exit(2)
     print(json.dumps(out, sort_keys=True))
 

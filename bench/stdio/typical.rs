@@ -1,0 +1,250 @@
+//! One typical session: the official MCP Python SDK client (tests/python/mcp_client.py,
+//! `stdio-session` mode, in the venv scripts/test-deps.sh builds) launches a target around
+//! `@modelcontextprotocol/server-everything` over stdio (tests/node) and makes sequential
+//! `tools/call`s of `echo`.
+//!
+//! The client prints the pid of the process the SDK spawned (the wrapper, the relay, or node
+//! for `direct`) once its calls are done, and waits for our go before closing the session. We
+//! read that process's VmHWM, send the go, and poll /proc/<pid>/status until the process is
+//! gone or a zombie with no thread left, noting CLOCK_MONOTONIC when we see it; the client notes the same clock
+//! just after the SDK closed the server's stdin. The SDK itself only polls the exit every 10 ms,
+//! so its own timing could not tell 1 ms from 9.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::interop_support::{node_dir, python_dir, venv_python};
+use crate::session::{self, Ctx, Launch, Target};
+
+/// How long the client may take to start (Python imports, node start-up) and make its calls.
+const CALLS_DEADLINE: Duration = Duration::from_secs(120);
+/// How long the spawned process may take to exit after the go; then it is killed.
+const EXIT_DEADLINE: Duration = Duration::from_secs(30);
+/// How often the spawned process is looked at after the go.
+const POLL: Duration = Duration::from_micros(250);
+
+/// One typical session's figures.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TypicalRec {
+    pub target: String,
+    pub run: u32,
+    pub error: Option<String>,
+    /// VmHWM of the process the SDK spawned, last read before it exited, KiB.
+    pub hwm_kib: Option<f64>,
+    /// The SDK closing that process's stdin → the process gone (or a zombie), ms.
+    pub close_to_exit_ms: Option<f64>,
+    /// The same close → the exit of the server it runs (node, the process's child), ms; for
+    /// `direct` the process itself.
+    pub close_to_server_exit_ms: Option<f64>,
+    /// The same close → the client's session context exited (the SDK polls every 10 ms), ms.
+    pub close_to_context_exit_ms: Option<f64>,
+    /// The calls, sequential, ms.
+    pub calls_ms: Option<f64>,
+    /// Events in the `file:` sink, and `tools/call` made.
+    pub events: Option<(u64, u64)>,
+}
+
+/// Whether the client and the server are installed; `Err` says what is missing.
+pub fn available() -> Result<(), String> {
+    use crate::interop_support::{node_packages_installed, python_sdk_installed};
+    if !node_packages_installed() {
+        return Err("server-everything (tests/node) or node is not installed".into());
+    }
+    if !python_sdk_installed() {
+        return Err("the Python SDK venv (tests/python/.venv) is not installed".into());
+    }
+    if which("node").is_none() {
+        return Err("node is not on PATH".into());
+    }
+    Ok(())
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// `node <server-everything> stdio`.
+fn everything_argv() -> Vec<OsString> {
+    vec![
+        which("node").unwrap_or_else(|| "node".into()).into(),
+        node_dir()
+            .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+            .into(),
+        "stdio".into(),
+    ]
+}
+
+/// CLOCK_MONOTONIC in ns, the clock Python's `time.monotonic_ns()` reads on Linux.
+fn monotonic_ns() -> i128 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec()))
+        .unwrap_or(0)
+}
+
+/// One session through `target`; `calls` echo calls.
+pub fn run(ctx: &mut Ctx, target: Target, run: u32, calls: u32) -> TypicalRec {
+    let mut rec = TypicalRec {
+        target: target.name().into(),
+        run,
+        ..TypicalRec::default()
+    };
+    if let Err(e) = session_into(ctx, target, calls, &mut rec) {
+        rec.error = Some(format!("{}: {e}", target.name()));
+    }
+    rec
+}
+
+fn session_into(
+    ctx: &mut Ctx,
+    target: Target,
+    calls: u32,
+    rec: &mut TypicalRec,
+) -> Result<(), String> {
+    let label = ctx.label(target);
+    let launch = Launch::new(ctx, target, &everything_argv(), &label)?;
+    let log_path = ctx.tmp.join(format!("{label}.client.stderr"));
+    let log = File::create(&log_path).map_err(|e| format!("client log: {e}"))?;
+    let mut cmd = Command::new(venv_python());
+    cmd.current_dir(python_dir())
+        .arg("mcp_client.py")
+        .arg("stdio-session")
+        .arg(calls.to_string());
+    for (k, v) in &launch.env {
+        cmd.arg("--env").arg(format!("{k}={v}"));
+    }
+    cmd.arg("--").args(&launch.argv);
+    session::clean_env(&mut cmd);
+    cmd.process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log));
+    let mut client = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", venv_python().display()))?;
+    let _watchdog = session::start_watchdog(client.id(), CALLS_DEADLINE + EXIT_DEADLINE);
+    let (Some(mut to_client), Some(from_client)) = (client.stdin.take(), client.stdout.take())
+    else {
+        session::kill_group(client.id());
+        let _ = client.wait();
+        return Err("client pipes missing".into());
+    };
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(from_client).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let fail = |client: &mut std::process::Child, what: String| {
+        session::kill_group(client.id());
+        let _ = client.wait();
+        format!("{what}; client stderr: {}", session::stderr_tail(&log_path))
+    };
+
+    let first: serde_json::Value = match rx.recv_timeout(CALLS_DEADLINE) {
+        Ok(line) => serde_json::from_str(&line)
+            .map_err(|e| fail(&mut client, format!("client printed {line:?} ({e})")))?,
+        Err(_) => {
+            return Err(fail(
+                &mut client,
+                "the client made no report of its calls".into(),
+            ))
+        }
+    };
+    let Some(pid) = first["pid"].as_u64().and_then(|p| u32::try_from(p).ok()) else {
+        return Err(fail(&mut client, format!("no pid in {first}")));
+    };
+    rec.calls_ms = first["seconds"].as_f64().map(|s| s * 1e3);
+    let mut hwm = session::read_hwm(pid);
+    let server = if target == Target::Direct {
+        None
+    } else {
+        session::children_of(pid).first().copied()
+    };
+    let mut server_exit_ns = None;
+
+    // Go: the client leaves its session context, and the SDK closes the server's stdin.
+    let go = to_client
+        .write_all(b"go\n")
+        .and_then(|()| to_client.flush());
+    if let Err(e) = go {
+        return Err(fail(
+            &mut client,
+            format!("cannot tell the client to close: {e}"),
+        ));
+    }
+    let t0 = Instant::now();
+    let exit_ns = loop {
+        if let (None, Some(sp)) = (server_exit_ns, server) {
+            if !session::alive(sp) {
+                server_exit_ns = Some(monotonic_ns());
+            }
+        }
+        if let Some(h) = session::read_hwm(pid) {
+            hwm = Some(hwm.map_or(h, |o: u64| o.max(h)));
+        }
+        if !session::alive(pid) {
+            break Some(monotonic_ns());
+        }
+        if t0.elapsed() > EXIT_DEADLINE {
+            session::kill_pid(pid);
+            break None;
+        }
+        thread::sleep(POLL);
+    };
+    rec.hwm_kib = hwm.map(|h| h as f64);
+    let second: Option<serde_json::Value> = rx
+        .recv_timeout(EXIT_DEADLINE)
+        .ok()
+        .and_then(|l| serde_json::from_str(&l).ok());
+    let status = client.wait().map_err(|e| format!("client wait: {e}"))?;
+    let Some(exit_ns) = exit_ns else {
+        return Err(format!(
+            "no exit in {} s after the client closed the session (killed)",
+            EXIT_DEADLINE.as_secs()
+        ));
+    };
+    let close_ns = second
+        .as_ref()
+        .and_then(|v| v["close_ns"].as_i64())
+        .map(i128::from);
+    let context_ns = second
+        .as_ref()
+        .and_then(|v| v["context_exit_ns"].as_i64())
+        .map(i128::from);
+    if !status.success() {
+        return Err(format!(
+            "client {}; stderr: {}",
+            session::describe(status),
+            session::stderr_tail(&log_path)
+        ));
+    }
+    let Some(close_ns) = close_ns else {
+        return Err("the client did not report when it closed the server's stdin".into());
+    };
+    rec.close_to_exit_ms = Some((exit_ns - close_ns) as f64 / 1e6);
+    rec.close_to_server_exit_ms = match (server, server_exit_ns) {
+        (None, _) => rec.close_to_exit_ms,
+        (Some(_), Some(s)) => Some((s - close_ns) as f64 / 1e6),
+        (Some(_), None) => None,
+    };
+    rec.close_to_context_exit_ms = context_ns.map(|c| (c - close_ns) as f64 / 1e6);
+    if let Some(file) = &launch.events_file {
+        rec.events = Some((session::count_file_events(file).0, u64::from(calls)));
+    }
+    Ok(())
+}
