@@ -28,6 +28,7 @@ pub mod event;
 pub mod fuzzing;
 pub mod http_client;
 pub mod ingest;
+pub(crate) mod lock;
 pub mod log;
 pub mod observe;
 pub mod proxy;

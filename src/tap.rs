@@ -22,6 +22,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use crate::lock::lock;
 use crate::observe::frame::{head_has_mark, Summarize, CATALOG_MARK, SUMMARIZE};
 #[cfg(doc)]
 use crate::observe::frame::{CATALOG_FRAME_BYTES, SUMMARY_HEAD, SUMMARY_TAIL, WHOLE_FRAME_BYTES};
@@ -342,12 +343,6 @@ pub fn tap_with_budget(
         trim: Trim::default(),
     };
     (c2s, s2c, TapReceiver { shared }, stats)
-}
-
-fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
-    // Nothing panics while holding the lock (pushes and swaps only); a poisoned lock still
-    // holds a consistent queue.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl TapSender {
