@@ -14,6 +14,7 @@
 use serde_json::{Map, Value};
 
 use super::privacy;
+use crate::token::is_b64url;
 
 /// The envelope version this build produces (DESIGN §4).
 pub const EVENT_SCHEMA_VERSION: u32 = 2;
@@ -126,7 +127,7 @@ fn token(
     field: &str,
     max: usize,
     min: usize,
-    ok: impl Fn(char) -> bool,
+    ok: impl Fn(u8) -> bool,
 ) -> Result<String, FilterError> {
     let s = v.as_str().ok_or_else(|| invalid(field, "not a string"))?;
     check_token(s, field, max, min, ok)?;
@@ -138,11 +139,11 @@ fn check_token(
     field: &str,
     max: usize,
     min: usize,
-    ok: impl Fn(char) -> bool,
+    ok: impl Fn(u8) -> bool,
 ) -> Result<(), FilterError> {
-    // Every `ok` accepts ASCII only, so a string passes exactly when each byte is ASCII and
-    // passes: no need to decode characters.
-    if s.len() < min || s.len() > max || !s.bytes().all(|b| b.is_ascii() && ok(char::from(b))) {
+    // Every `ok` accepts ASCII bytes only, and no byte of a multi-byte character is below 0x80:
+    // no need to decode characters.
+    if s.len() < min || s.len() > max || !s.bytes().all(ok) {
         return Err(invalid(field, "bad format"));
     }
     Ok(())
@@ -261,24 +262,22 @@ fn admit_fields(mut m: Map<String, Value>) -> Map<String, Value> {
     m
 }
 
-fn id_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '-' || c == '_'
+// The id's alphabet, the schema's `^[A-Za-z0-9_-]{8,64}$`, is base64url: `is_b64url`.
+
+fn rail_char(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
 }
 
-fn rail_char(c: char) -> bool {
-    c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-'
+fn hex_char(b: u8) -> bool {
+    b.is_ascii_digit() || (b'a'..=b'f').contains(&b)
 }
 
-fn hex_char(c: char) -> bool {
-    c.is_ascii_digit() || ('a'..='f').contains(&c)
+fn method_char(b: u8) -> bool {
+    b.is_ascii_uppercase()
 }
 
-fn method_char(c: char) -> bool {
-    c.is_ascii_uppercase()
-}
-
-fn word_char(c: char) -> bool {
-    c.is_ascii_lowercase() || c == '_' || c == '-'
+fn word_char(b: u8) -> bool {
+    b.is_ascii_lowercase() || b == b'_' || b == b'-'
 }
 
 /// The L3 filter. See the module docs.
@@ -292,7 +291,7 @@ pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
     }
     out.insert("v".into(), Value::from(v));
 
-    let id = token(get(e, "id", "id")?, "id", 64, 8, id_char)?;
+    let id = token(get(e, "id", "id")?, "id", 64, 8, is_b64url)?;
     out.insert("id".into(), Value::String(id));
     out.insert("ts".into(), Value::String(timestamp(get(e, "ts", "ts")?)?));
 
@@ -490,7 +489,7 @@ pub fn filter_event(mut event: super::Event) -> Result<super::Event, FilterError
     if v != u64::from(EVENT_SCHEMA_VERSION) && v != u64::from(EVENT_SCHEMA_V1) {
         return Err(invalid("v", "unsupported envelope version"));
     }
-    check_token(&event.id, "id", 64, 8, id_char)?;
+    check_token(&event.id, "id", 64, 8, is_b64url)?;
     check_timestamp(&event.ts)?;
 
     let rec = &mut event.rec;
