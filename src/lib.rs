@@ -32,6 +32,7 @@ pub(crate) mod lock;
 pub mod log;
 pub mod observe;
 pub mod proxy;
+pub(crate) mod random;
 pub mod report;
 pub mod tap;
 pub mod token;
