@@ -522,8 +522,9 @@ impl TapReceiver {
             && lock(&self.shared.state).queued[dir.index()] == 0
     }
 
-    /// One queued message, if any (tests).
-    pub fn try_recv(&mut self) -> Option<TapMsg> {
+    /// One queued message, if any: the tests' view of the queue, one message at a time.
+    #[cfg(test)]
+    fn try_recv(&mut self) -> Option<TapMsg> {
         let mut q = lock(&self.shared.state);
         let msg = q.msgs.pop_front()?;
         if let TapMsg::Chunk(c) = &msg {
