@@ -947,16 +947,20 @@ mod tests {
         rt.block_on(store.close());
     }
 
+    /// Our tables and version and no application id, as builds before the id left a database.
+    fn unstamped(db: &Path) -> Connection {
+        let c = Connection::open(db).expect("open");
+        c.execute_batch(SCHEMA).expect("schema");
+        c.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .expect("version");
+        c
+    }
+
     #[test]
     fn a_database_from_a_build_before_the_application_id_is_ours() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("x.db");
-        {
-            let c = Connection::open(&db).expect("open");
-            c.execute_batch(SCHEMA).expect("schema");
-            c.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .expect("version");
-        }
+        drop(unstamped(&db));
         assert_eq!(
             probe(&db).expect("ours"),
             Layout::Current { stamped: false }
@@ -969,14 +973,9 @@ mod tests {
     fn another_application_id_is_foreign_even_with_our_tables() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("x.db");
-        {
-            let c = Connection::open(&db).expect("open");
-            c.execute_batch(SCHEMA).expect("schema");
-            c.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .expect("version");
-            c.pragma_update(None, "application_id", 0x1234)
-                .expect("app id");
-        }
+        unstamped(&db)
+            .pragma_update(None, "application_id", 0x1234)
+            .expect("app id");
         assert!(matches!(
             probe(&db),
             Err(IngestError::ForeignDatabase { .. })
