@@ -24,6 +24,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+use crate::lock::lock;
 use crate::observe::frame::{head_has_mark, Summarize, CATALOG_MARK, SUMMARIZE};
 #[cfg(doc)]
 use crate::observe::frame::{CATALOG_FRAME_BYTES, SUMMARY_HEAD, SUMMARY_TAIL, WHOLE_FRAME_BYTES};
@@ -346,12 +347,6 @@ pub fn tap_with_budget(
     (c2s, s2c, TapReceiver { shared }, stats)
 }
 
-fn lock(m: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
-    // Nothing panics while holding the lock (pushes and swaps only); a poisoned lock still
-    // holds a consistent queue.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl TapSender {
     /// The relay read bytes and is about to forward them: until [`TapSender::offer`] (or
     /// [`TapSender::settle`]) the observer must assume a frame of this direction may still come
@@ -529,8 +524,9 @@ impl TapReceiver {
             && lock(&self.shared.state).queued[dir.index()] == 0
     }
 
-    /// One queued message, if any (tests).
-    pub fn try_recv(&mut self) -> Option<TapMsg> {
+    /// One queued message, if any: the tests' view of the queue, one message at a time.
+    #[cfg(test)]
+    fn try_recv(&mut self) -> Option<TapMsg> {
         let mut q = lock(&self.shared.state);
         let msg = q.msgs.pop_front()?;
         if let TapMsg::Chunk(c) = &msg {

@@ -76,7 +76,10 @@ impl SensorToken {
     }
 }
 
-fn is_b64url(b: u8) -> bool {
+/// A byte of the base64url alphabet without padding (RFC 4648 §5): `A-Z a-z 0-9 - _`. The
+/// crate's one test for it: a token's keyId and signature, an event id (the schema's
+/// `^[A-Za-z0-9_-]{8,64}$`, which hex and UUIDs fit), and the segments L4 reads as a JWT.
+pub(crate) fn is_b64url(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'-' || b == b'_'
 }
 

@@ -114,11 +114,16 @@ pub fn run(_env: &Env) -> i32 {
     }
 }
 
+/// 128 random bits in hex: a name no other demo picks, an admin secret no one guesses.
+fn random_hex() -> anyhow::Result<String> {
+    Ok(crate::event::hex_lower(&crate::random::bytes::<16>()?))
+}
+
 struct TempDir(PathBuf);
 
 impl TempDir {
     fn new() -> anyhow::Result<Self> {
-        let p = std::env::temp_dir().join(format!("bounded-demo-{}", crate::event::new_event_id()));
+        let p = std::env::temp_dir().join(format!("bounded-demo-{}", random_hex()?));
         std::fs::create_dir_all(&p)?;
         Ok(TempDir(p))
     }
@@ -134,7 +139,7 @@ async fn run_async() -> anyhow::Result<()> {
     let started = Instant::now();
     let dir = TempDir::new()?;
     let mut icfg = crate::ingest::IngestConfig::ephemeral(dir.0.join("demo.db"));
-    icfg.admin_secret = Some(format!("demo-admin-{}", crate::event::new_event_id()));
+    icfg.admin_secret = Some(format!("demo-admin-{}", random_hex()?));
     let ingest = crate::ingest::start(icfg).await?;
     let base = ingest.base_url();
     step(format!(

@@ -10,10 +10,19 @@
 //! `schema/event.v2.schema.json`; a test proves it over generated events. A v1 envelope keeps its
 //! `v` and loses `rec.fields`, with no other branching. It never copies an unknown field, never
 //! logs a value, and never panics on hostile input.
+//!
+//! The sensor runs the same rules on its typed [`Event`] ([`filter_event`]), in place: building
+//! a `Value` of every event only to filter and serialise it was most of the reporter's CPU. So
+//! the rules are written once, in `check`, over a `View` that either form fills: from JSON, each
+//! field's type checked as it is read; from an [`Event`], with the types Rust checked. A
+//! property test still holds `filter_event` to `validate_and_filter_event` over generated
+//! events, results and errors alike.
 
 use serde_json::{Map, Value};
 
 use super::privacy;
+use super::{ErrKind, Event, EventClass};
+use crate::token::is_b64url;
 
 /// The envelope version this build produces (DESIGN §4).
 pub const EVENT_SCHEMA_VERSION: u32 = 2;
@@ -43,21 +52,362 @@ fn invalid(field: &str, why: &str) -> FilterError {
     FilterError::Invalid(format!("{field}: {why}"))
 }
 
-fn obj<'a>(v: &'a Value, field: &str) -> Result<&'a Map<String, Value>, FilterError> {
-    v.as_object().ok_or_else(|| invalid(field, "not an object"))
+/// Why a field could not be read: its name and the reason. It becomes a [`FilterError`] only
+/// when [`check`] reaches that field, so an event with several faults is refused for the first
+/// in the envelope's order, whichever form it came in.
+#[derive(Debug, Clone, Copy)]
+struct Bad(&'static str, &'static str);
+
+impl From<Bad> for FilterError {
+    fn from(Bad(field, why): Bad) -> Self {
+        invalid(field, why)
+    }
 }
 
-fn get<'a>(m: &'a Map<String, Value>, key: &str, field: &str) -> Result<&'a Value, FilterError> {
-    m.get(key).ok_or_else(|| invalid(field, "missing"))
+/// A field as read: its value, or why there is none of the right type.
+type Read<T> = Result<T, Bad>;
+
+/// The envelope as L3 reads it, before any rule: each field the schema defines (and only
+/// those: an unknown field is never read, so it can never be copied), read with its type
+/// checked, or why it could not be.
+#[derive(Clone, Copy)]
+struct View<'a> {
+    v: Read<u64>,
+    id: Read<&'a str>,
+    ts: Read<&'a str>,
+    /// `None`: not a string.
+    class: Read<Option<&'a str>>,
+    rail: Read<&'a str>,
+    action: Read<&'a str>,
+    registry_version: Read<Option<&'a str>>,
+    fields: Read<Option<&'a Map<String, Value>>>,
+    host: Read<&'a str>,
+    path_template: Read<&'a str>,
+    method: Read<&'a str>,
+    actor_id: Read<&'a str>,
+    actor_kind: Read<&'a str>,
+    actor_grade: Read<&'a str>,
+    on_behalf_of: Read<Option<&'a str>>,
+    status: Read<u64>,
+    /// `None`: not a number (as a non-finite `f64` becomes in JSON: `null`).
+    dur_ms: Read<Option<f64>>,
+    bytes_req: Read<u64>,
+    bytes_resp: Read<u64>,
+    session: Read<Option<SessionView<'a>>>,
+    err: Read<Option<ErrView<'a>>>,
+}
+
+#[derive(Clone, Copy)]
+struct SessionView<'a> {
+    id: Read<&'a str>,
+    protocol: Read<Option<&'a str>>,
+    client: Read<Option<&'a str>>,
+}
+
+#[derive(Clone, Copy)]
+struct ErrView<'a> {
+    /// `None`: not a string.
+    kind: Read<Option<&'a str>>,
+    code: Read<Option<i64>>,
+}
+
+/// `m[key]`, which the envelope requires.
+fn member<'a>(m: Read<&'a Map<String, Value>>, key: &str, field: &'static str) -> Read<&'a Value> {
+    m?.get(key).ok_or(Bad(field, "missing"))
+}
+
+/// `m[key]`, which may be absent or null.
+fn optional<'a>(m: Read<&'a Map<String, Value>>, key: &str) -> Read<Option<&'a Value>> {
+    Ok(m?.get(key).filter(|x| !x.is_null()))
+}
+
+fn object<'a>(x: Read<&'a Value>, field: &'static str) -> Read<&'a Map<String, Value>> {
+    x?.as_object().ok_or(Bad(field, "not an object"))
+}
+
+fn string<'a>(x: Read<&'a Value>, field: &'static str) -> Read<&'a str> {
+    x?.as_str().ok_or(Bad(field, "not a string"))
+}
+
+fn uint(x: Read<&Value>, field: &'static str) -> Read<u64> {
+    x?.as_u64().ok_or(Bad(field, "not a non-negative integer"))
+}
+
+/// An optional member that, when present, must be a string.
+fn optional_string<'a>(
+    m: Read<&'a Map<String, Value>>,
+    key: &str,
+    field: &'static str,
+) -> Read<Option<&'a str>> {
+    optional(m, key)?.map(|x| string(Ok(x), field)).transpose()
+}
+
+impl<'a> View<'a> {
+    /// The ingest's side: untrusted JSON, every type checked here.
+    fn of_value(event: &'a Value) -> Self {
+        let e = object(Ok(event), "event");
+        let rec = object(member(e, "rec", "rec"), "rec");
+        let dest = object(member(e, "dest", "dest"), "dest");
+        let actor = object(member(e, "actor", "actor"), "actor");
+        let bytes = object(member(e, "bytes", "bytes"), "bytes");
+        let session = optional(e, "session").and_then(|s| {
+            s.map(|s| {
+                let s = object(Ok(s), "session")?;
+                Ok(SessionView {
+                    id: string(member(Ok(s), "id", "session.id"), "session.id"),
+                    protocol: optional_string(Ok(s), "protocol", "protocol"),
+                    client: optional_string(Ok(s), "client", "client"),
+                })
+            })
+            .transpose()
+        });
+        let err = optional(e, "err").and_then(|x| {
+            x.map(|x| {
+                let x = object(Ok(x), "err")?;
+                Ok(ErrView {
+                    kind: member(Ok(x), "kind", "err.kind").map(Value::as_str),
+                    code: optional(Ok(x), "code").and_then(|c| {
+                        c.map(|c| c.as_i64().ok_or(Bad("err.code", "not an integer")))
+                            .transpose()
+                    }),
+                })
+            })
+            .transpose()
+        });
+        View {
+            v: uint(member(e, "v", "v"), "v"),
+            id: string(member(e, "id", "id"), "id"),
+            ts: string(member(e, "ts", "ts"), "ts"),
+            class: member(e, "class", "class").map(Value::as_str),
+            rail: string(member(rec, "rail", "rec.rail"), "rec.rail"),
+            action: string(member(rec, "action", "rec.action"), "rec.action"),
+            registry_version: optional_string(rec, "registryVersion", "rec.registryVersion"),
+            fields: optional(rec, "fields")
+                .and_then(|f| f.map(|f| object(Ok(f), "rec.fields")).transpose()),
+            host: string(member(dest, "host", "dest.host"), "dest.host"),
+            path_template: string(
+                member(dest, "pathTemplate", "dest.pathTemplate"),
+                "dest.pathTemplate",
+            ),
+            method: string(member(dest, "method", "dest.method"), "dest.method"),
+            actor_id: string(member(actor, "id", "actor.id"), "actor.id"),
+            actor_kind: string(member(actor, "kind", "actor.kind"), "actor.kind"),
+            actor_grade: string(member(actor, "grade", "actor.grade"), "actor.grade"),
+            on_behalf_of: optional_string(e, "onBehalfOf", "onBehalfOf"),
+            status: uint(member(e, "status", "status"), "status"),
+            dur_ms: member(e, "dur_ms", "dur_ms").map(Value::as_f64),
+            bytes_req: uint(member(bytes, "req", "bytes.req"), "bytes.req"),
+            bytes_resp: uint(member(bytes, "resp", "bytes.resp"), "bytes.resp"),
+            session,
+            err,
+        }
+    }
+
+    /// The sensor's side: its own event, whose types are given.
+    fn of_event(e: &'a Event) -> Self {
+        View {
+            v: Ok(u64::from(e.v)),
+            id: Ok(&e.id),
+            ts: Ok(&e.ts),
+            class: Ok(Some(match e.class {
+                EventClass::Action => "action",
+                EventClass::Error => "error",
+            })),
+            rail: Ok(&e.rec.rail),
+            action: Ok(&e.rec.action),
+            registry_version: Ok(e.rec.registry_version.as_deref()),
+            fields: Ok(e.rec.fields.as_ref()),
+            host: Ok(&e.dest.host),
+            path_template: Ok(&e.dest.path_template),
+            method: Ok(&e.dest.method),
+            actor_id: Ok(&e.actor.id),
+            actor_kind: Ok(&e.actor.kind),
+            actor_grade: Ok(&e.actor.grade),
+            on_behalf_of: Ok(e.on_behalf_of.as_deref()),
+            status: Ok(u64::from(e.status)),
+            dur_ms: Ok(Some(e.dur_ms)),
+            bytes_req: Ok(e.bytes.req),
+            bytes_resp: Ok(e.bytes.resp),
+            session: Ok(e.session.as_ref().map(|s| SessionView {
+                id: Ok(&s.id),
+                protocol: Ok(s.protocol.as_deref()),
+                client: Ok(s.client.as_deref()),
+            })),
+            err: Ok(e.err.as_ref().map(|x| ErrView {
+                kind: Ok(Some(match x.kind {
+                    ErrKind::Jsonrpc => "jsonrpc",
+                    ErrKind::Tool => "tool",
+                    ErrKind::Timeout => "timeout",
+                    ErrKind::Cancelled => "cancelled",
+                    ErrKind::Transport => "transport",
+                })),
+                code: Ok(x.code),
+            })),
+        }
+    }
+}
+
+/// The rules of L3, once for both forms, in the envelope's order (the first fault found is the
+/// one reported). True when `rec.fields` is to be kept (a v2 envelope that has them); what of
+/// them passes is the caller's to take ([`privacy::field_passes`]), as it holds them.
+fn check(e: &View<'_>) -> Result<bool, FilterError> {
+    let v = e.v?;
+    if v != u64::from(EVENT_SCHEMA_VERSION) && v != u64::from(EVENT_SCHEMA_V1) {
+        return Err(invalid("v", "unsupported envelope version"));
+    }
+    check_token(e.id?, "id", 64, 8, is_b64url)?;
+    check_timestamp(e.ts?)?;
+    if !matches!(e.class?, Some("action" | "error")) {
+        return Err(invalid("class", "not action or error"));
+    }
+
+    check_token(e.rail?, "rec.rail", 32, 1, rail_char)?;
+    check_metadata(e.action?, "rec.action", true)?;
+    if let Some(r) = e.registry_version? {
+        check_token(r, "rec.registryVersion", 64, 1, hex_char)?;
+    }
+    let keep_fields = v == u64::from(EVENT_SCHEMA_VERSION) && e.fields?.is_some();
+
+    let path = e.path_template?;
+    check_metadata(path, "dest.pathTemplate", true)?;
+    if !path.starts_with('/') {
+        return Err(invalid("dest.pathTemplate", "must start with /"));
+    }
+    check_token(e.method?, "dest.method", 16, 1, method_char)?;
+    check_metadata(e.host?, "dest.host", true)?;
+
+    check_actor_id(e.actor_id?)?;
+    check_token(e.actor_kind?, "actor.kind", 32, 1, word_char)?;
+    check_token(e.actor_grade?, "actor.grade", 32, 1, word_char)?;
+    // onBehalfOf names a customer by an opaque id; one that L4 removes fails the event.
+    if let Some(o) = e.on_behalf_of? {
+        check_metadata(o, "onBehalfOf", true)?;
+    }
+
+    if !(100..=599).contains(&e.status?) {
+        return Err(invalid("status", "not an HTTP-ish status"));
+    }
+    if !e.dur_ms?.is_some_and(|d| d.is_finite() && d >= 0.0) {
+        return Err(invalid("dur_ms", "not a non-negative number"));
+    }
+    // Any non-negative integer will do.
+    e.bytes_req?;
+    e.bytes_resp?;
+
+    if let Some(s) = e.session? {
+        check_metadata(s.id?, "session.id", true)?;
+        for (key, x) in [("protocol", s.protocol), ("client", s.client)] {
+            if let Some(text) = x? {
+                check_metadata(text, key, false)?;
+            }
+        }
+    }
+    if let Some(x) = e.err? {
+        let known = ["jsonrpc", "tool", "timeout", "cancelled", "transport"];
+        if !x.kind?.is_some_and(|k| known.contains(&k)) {
+            return Err(invalid("err.kind", "unknown kind"));
+        }
+        if let Some(c) = x.code? {
+            check_code(c)?;
+        }
+    }
+    Ok(keep_fields)
+}
+
+/// The L3 filter. See the module docs.
+pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
+    let view = View::of_value(event);
+    let keep_fields = check(&view)?;
+    rebuild(&view, keep_fields, event)
+}
+
+/// The new value of an event [`check`] passed: each member as it was read into `e` (so every
+/// `?` here finds a value), `rec.fields` down to what passes, nothing else.
+fn rebuild(e: &View<'_>, keep_fields: bool, event: &Value) -> Result<Value, FilterError> {
+    fn text(s: &str) -> Value {
+        Value::String(s.to_owned())
+    }
+    let mut rec = Map::new();
+    rec.insert("rail".into(), text(e.rail?));
+    rec.insert("action".into(), text(e.action?));
+    rec.insert(
+        "registryVersion".into(),
+        e.registry_version?.map_or(Value::Null, text),
+    );
+    // Not read at all unless kept: a v1 envelope's `rec.fields` may be anything.
+    if let Some(fields) = if keep_fields { e.fields? } else { None } {
+        let kept: Map<String, Value> = fields
+            .iter()
+            .filter(|(k, x)| privacy::field_passes(k, x))
+            .take(privacy::MAX_FIELDS)
+            .map(|(k, x)| (k.clone(), x.clone()))
+            .collect();
+        if !kept.is_empty() {
+            rec.insert("fields".into(), Value::Object(kept));
+        }
+    }
+    let mut dest = Map::new();
+    dest.insert("host".into(), text(e.host?));
+    dest.insert("pathTemplate".into(), text(e.path_template?));
+    dest.insert("method".into(), text(e.method?));
+    let mut actor = Map::new();
+    actor.insert("id".into(), text(e.actor_id?));
+    actor.insert("kind".into(), text(e.actor_kind?));
+    actor.insert("grade".into(), text(e.actor_grade?));
+    let mut bytes = Map::new();
+    bytes.insert("req".into(), Value::from(e.bytes_req?));
+    bytes.insert("resp".into(), Value::from(e.bytes_resp?));
+
+    let mut out = Map::new();
+    out.insert("v".into(), Value::from(e.v?));
+    out.insert("id".into(), text(e.id?));
+    out.insert("ts".into(), text(e.ts?));
+    out.insert("class".into(), e.class?.map_or(Value::Null, text));
+    out.insert("rec".into(), Value::Object(rec));
+    out.insert("dest".into(), Value::Object(dest));
+    out.insert("actor".into(), Value::Object(actor));
+    if let Some(o) = e.on_behalf_of? {
+        out.insert("onBehalfOf".into(), text(o));
+    }
+    out.insert("status".into(), Value::from(e.status?));
+    // As it came: an integer stays an integer.
+    out.insert("dur_ms".into(), event["dur_ms"].clone());
+    out.insert("bytes".into(), Value::Object(bytes));
+    if let Some(s) = e.session? {
+        let mut session = Map::new();
+        session.insert("id".into(), text(s.id?));
+        for (key, x) in [("protocol", s.protocol?), ("client", s.client?)] {
+            if let Some(x) = x {
+                session.insert(key.into(), text(x));
+            }
+        }
+        out.insert("session".into(), Value::Object(session));
+    }
+    if let Some(x) = e.err? {
+        let mut err = Map::new();
+        err.insert("kind".into(), x.kind?.map_or(Value::Null, text));
+        if let Some(c) = x.code? {
+            err.insert("code".into(), Value::from(c));
+        }
+        out.insert("err".into(), Value::Object(err));
+    }
+    Ok(Value::Object(out))
+}
+
+/// The sensor's side: the built [`Event`] as it will be sent, after L3.
+///
+/// [`check`] on the struct, then what L3 removes removed in place and everything else as it
+/// was, not copied. The reporter runs this on every event.
+pub fn filter_event(mut event: Event) -> Result<Event, FilterError> {
+    let keep_fields = check(&View::of_event(&event))?;
+    event.rec.fields = match event.rec.fields.take() {
+        Some(f) if keep_fields => Some(admit_fields(f)).filter(|f| !f.is_empty()),
+        _ => None,
+    };
+    Ok(event)
 }
 
 /// A short single-line string (`$defs/text`).
-fn text(v: &Value, field: &str, non_empty: bool) -> Result<String, FilterError> {
-    let s = v.as_str().ok_or_else(|| invalid(field, "not a string"))?;
-    check_text(s, field, non_empty)?;
-    Ok(s.to_string())
-}
-
 fn check_text(s: &str, field: &str, non_empty: bool) -> Result<(), FilterError> {
     if s.len() > MAX_TEXT_LEN {
         return Err(invalid(field, "too long"));
@@ -91,13 +441,6 @@ fn check_metadata(s: &str, field: &str, non_empty: bool) -> Result<(), FilterErr
     check_clear(s, field)
 }
 
-/// [`text`] under [`check_clear`].
-fn metadata(v: &Value, field: &str, non_empty: bool) -> Result<String, FilterError> {
-    let s = text(v, field, non_empty)?;
-    check_clear(&s, field)?;
-    Ok(s)
-}
-
 /// An `err.code` whose decimal text holds a card number fails the event, as a metadata string
 /// would.
 fn check_code(c: i64) -> Result<(), FilterError> {
@@ -120,46 +463,23 @@ pub fn check_actor_id(id: &str) -> Result<(), FilterError> {
 /// for a real tool.
 pub const REDACTED: &str = "<redacted>";
 
-/// A string of 1..=max characters all satisfying `ok`.
-fn token(
-    v: &Value,
-    field: &str,
-    max: usize,
-    min: usize,
-    ok: impl Fn(char) -> bool,
-) -> Result<String, FilterError> {
-    let s = v.as_str().ok_or_else(|| invalid(field, "not a string"))?;
-    check_token(s, field, max, min, ok)?;
-    Ok(s.to_string())
-}
-
+/// A string of `min..=max` bytes all satisfying `ok`.
 fn check_token(
     s: &str,
     field: &str,
     max: usize,
     min: usize,
-    ok: impl Fn(char) -> bool,
+    ok: impl Fn(u8) -> bool,
 ) -> Result<(), FilterError> {
-    // Every `ok` accepts ASCII only, so a string passes exactly when each byte is ASCII and
-    // passes: no need to decode characters.
-    if s.len() < min || s.len() > max || !s.bytes().all(|b| b.is_ascii() && ok(char::from(b))) {
+    // Every `ok` accepts ASCII bytes only, and no byte of a multi-byte character is below 0x80:
+    // no need to decode characters.
+    if s.len() < min || s.len() > max || !s.bytes().all(ok) {
         return Err(invalid(field, "bad format"));
     }
     Ok(())
 }
 
-fn uint(v: &Value, field: &str) -> Result<u64, FilterError> {
-    v.as_u64()
-        .ok_or_else(|| invalid(field, "not a non-negative integer"))
-}
-
 /// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`, a real instant (the schema's `ts` pattern).
-fn timestamp(v: &Value) -> Result<String, FilterError> {
-    let s = v.as_str().ok_or_else(|| invalid("ts", "not a string"))?;
-    check_timestamp(s)?;
-    Ok(s.to_string())
-}
-
 fn check_timestamp(s: &str) -> Result<(), FilterError> {
     let b = s.as_bytes();
     let digits =
@@ -232,25 +552,8 @@ fn plain_utc_ms_instant(b: &[u8]) -> bool {
         && num(17..19) <= 59
 }
 
-fn filter_fields(v: &Value) -> Result<Map<String, Value>, FilterError> {
-    filter_fields_map(obj(v, "rec.fields")?)
-}
-
-fn filter_fields_map(m: &Map<String, Value>) -> Result<Map<String, Value>, FilterError> {
-    let mut out = Map::new();
-    for (k, val) in m {
-        if out.len() >= privacy::MAX_FIELDS {
-            break;
-        }
-        if let Some(kept) = privacy::scrub_field(k, val) {
-            out.insert(k.clone(), kept);
-        }
-    }
-    Ok(out)
-}
-
-/// [`filter_fields_map`] on fields the caller owns, in place: what passes is kept as it came
-/// (the first [`privacy::MAX_FIELDS`] that pass, in the map's order), without rebuilding the map.
+/// What of `rec.fields` passes, in place: each field as it came, the first
+/// [`privacy::MAX_FIELDS`] that pass in the map's order, without rebuilding the map.
 fn admit_fields(mut m: Map<String, Value>) -> Map<String, Value> {
     let mut kept = 0usize;
     m.retain(|k, val| {
@@ -261,291 +564,22 @@ fn admit_fields(mut m: Map<String, Value>) -> Map<String, Value> {
     m
 }
 
-fn id_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '-' || c == '_'
+// The id's alphabet, the schema's `^[A-Za-z0-9_-]{8,64}$`, is base64url: `is_b64url`.
+
+fn rail_char(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
 }
 
-fn rail_char(c: char) -> bool {
-    c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-'
+fn hex_char(b: u8) -> bool {
+    b.is_ascii_digit() || (b'a'..=b'f').contains(&b)
 }
 
-fn hex_char(c: char) -> bool {
-    c.is_ascii_digit() || ('a'..='f').contains(&c)
+fn method_char(b: u8) -> bool {
+    b.is_ascii_uppercase()
 }
 
-fn method_char(c: char) -> bool {
-    c.is_ascii_uppercase()
-}
-
-fn word_char(c: char) -> bool {
-    c.is_ascii_lowercase() || c == '_' || c == '-'
-}
-
-/// The L3 filter. See the module docs.
-pub fn validate_and_filter_event(event: &Value) -> Result<Value, FilterError> {
-    let e = obj(event, "event")?;
-    let mut out = Map::new();
-
-    let v = uint(get(e, "v", "v")?, "v")?;
-    if v != u64::from(EVENT_SCHEMA_VERSION) && v != u64::from(EVENT_SCHEMA_V1) {
-        return Err(invalid("v", "unsupported envelope version"));
-    }
-    out.insert("v".into(), Value::from(v));
-
-    let id = token(get(e, "id", "id")?, "id", 64, 8, id_char)?;
-    out.insert("id".into(), Value::String(id));
-    out.insert("ts".into(), Value::String(timestamp(get(e, "ts", "ts")?)?));
-
-    let class = get(e, "class", "class")?
-        .as_str()
-        .filter(|c| *c == "action" || *c == "error")
-        .ok_or_else(|| invalid("class", "not action or error"))?;
-    out.insert("class".into(), Value::String(class.into()));
-
-    let rec = obj(get(e, "rec", "rec")?, "rec")?;
-    let mut rec_out = Map::new();
-    let rail = token(get(rec, "rail", "rec.rail")?, "rec.rail", 32, 1, rail_char)?;
-    rec_out.insert("rail".into(), Value::String(rail));
-    rec_out.insert(
-        "action".into(),
-        Value::String(metadata(
-            get(rec, "action", "rec.action")?,
-            "rec.action",
-            true,
-        )?),
-    );
-    let registry = match rec.get("registryVersion") {
-        None | Some(Value::Null) => Value::Null,
-        Some(r) => Value::String(token(r, "rec.registryVersion", 64, 1, hex_char)?),
-    };
-    rec_out.insert("registryVersion".into(), registry);
-    if v == u64::from(EVENT_SCHEMA_VERSION) {
-        if let Some(f) = rec.get("fields").filter(|f| !f.is_null()) {
-            let fields = filter_fields(f)?;
-            if !fields.is_empty() {
-                rec_out.insert("fields".into(), Value::Object(fields));
-            }
-        }
-    }
-    out.insert("rec".into(), Value::Object(rec_out));
-
-    let dest = obj(get(e, "dest", "dest")?, "dest")?;
-    let path = metadata(
-        get(dest, "pathTemplate", "dest.pathTemplate")?,
-        "dest.pathTemplate",
-        true,
-    )?;
-    if !path.starts_with('/') {
-        return Err(invalid("dest.pathTemplate", "must start with /"));
-    }
-    let method = token(
-        get(dest, "method", "dest.method")?,
-        "dest.method",
-        16,
-        1,
-        method_char,
-    )?;
-    let mut dest_out = Map::new();
-    dest_out.insert(
-        "host".into(),
-        Value::String(metadata(
-            get(dest, "host", "dest.host")?,
-            "dest.host",
-            true,
-        )?),
-    );
-    dest_out.insert("pathTemplate".into(), Value::String(path));
-    dest_out.insert("method".into(), Value::String(method));
-    out.insert("dest".into(), Value::Object(dest_out));
-
-    let actor = obj(get(e, "actor", "actor")?, "actor")?;
-    let word = word_char;
-    let mut actor_out = Map::new();
-    let id = get(actor, "id", "actor.id")?
-        .as_str()
-        .ok_or_else(|| invalid("actor.id", "not a string"))?;
-    check_actor_id(id)?;
-    actor_out.insert("id".into(), Value::String(id.to_string()));
-    actor_out.insert(
-        "kind".into(),
-        Value::String(token(
-            get(actor, "kind", "actor.kind")?,
-            "actor.kind",
-            32,
-            1,
-            word,
-        )?),
-    );
-    actor_out.insert(
-        "grade".into(),
-        Value::String(token(
-            get(actor, "grade", "actor.grade")?,
-            "actor.grade",
-            32,
-            1,
-            word,
-        )?),
-    );
-    out.insert("actor".into(), Value::Object(actor_out));
-
-    // onBehalfOf names a customer by an opaque id; one that L4 removes fails the event.
-    match e.get("onBehalfOf") {
-        None | Some(Value::Null) => {}
-        Some(o) => {
-            let o = metadata(o, "onBehalfOf", true)?;
-            out.insert("onBehalfOf".into(), Value::String(o));
-        }
-    }
-
-    let status = uint(get(e, "status", "status")?, "status")?;
-    if !(100..=599).contains(&status) {
-        return Err(invalid("status", "not an HTTP-ish status"));
-    }
-    out.insert("status".into(), Value::from(status));
-
-    let dur = get(e, "dur_ms", "dur_ms")?
-        .as_f64()
-        .filter(|d| d.is_finite() && *d >= 0.0)
-        .ok_or_else(|| invalid("dur_ms", "not a non-negative number"))?;
-    out.insert("dur_ms".into(), get(e, "dur_ms", "dur_ms")?.clone());
-    debug_assert!(dur >= 0.0);
-
-    let bytes = obj(get(e, "bytes", "bytes")?, "bytes")?;
-    let mut bytes_out = Map::new();
-    bytes_out.insert(
-        "req".into(),
-        Value::from(uint(get(bytes, "req", "bytes.req")?, "bytes.req")?),
-    );
-    bytes_out.insert(
-        "resp".into(),
-        Value::from(uint(get(bytes, "resp", "bytes.resp")?, "bytes.resp")?),
-    );
-    out.insert("bytes".into(), Value::Object(bytes_out));
-
-    match e.get("session") {
-        None | Some(Value::Null) => {}
-        Some(s) => {
-            let s = obj(s, "session")?;
-            let mut s_out = Map::new();
-            s_out.insert(
-                "id".into(),
-                Value::String(metadata(get(s, "id", "session.id")?, "session.id", true)?),
-            );
-            for key in ["protocol", "client"] {
-                match s.get(key) {
-                    None | Some(Value::Null) => {}
-                    Some(x) => {
-                        let x = metadata(x, key, false)?;
-                        s_out.insert(key.into(), Value::String(x));
-                    }
-                }
-            }
-            out.insert("session".into(), Value::Object(s_out));
-        }
-    }
-
-    match e.get("err") {
-        None | Some(Value::Null) => {}
-        Some(x) => {
-            let x = obj(x, "err")?;
-            let kind = get(x, "kind", "err.kind")?
-                .as_str()
-                .filter(|k| {
-                    matches!(
-                        *k,
-                        "jsonrpc" | "tool" | "timeout" | "cancelled" | "transport"
-                    )
-                })
-                .ok_or_else(|| invalid("err.kind", "unknown kind"))?;
-            let mut err_out = Map::new();
-            err_out.insert("kind".into(), Value::String(kind.into()));
-            match x.get("code") {
-                None | Some(Value::Null) => {}
-                Some(c) => {
-                    let c = c
-                        .as_i64()
-                        .ok_or_else(|| invalid("err.code", "not an integer"))?;
-                    check_code(c)?;
-                    err_out.insert("code".into(), Value::from(c));
-                }
-            }
-            out.insert("err".into(), Value::Object(err_out));
-        }
-    }
-
-    Ok(Value::Object(out))
-}
-
-/// The sensor's side: the built [`super::Event`] as it will be sent, after L3.
-///
-/// The same checks, in the same order, with the same helpers as [`validate_and_filter_event`],
-/// read from the struct instead of from a `serde_json::Value` of it, and applied in place: the
-/// event comes back with what L3 removes removed and everything else as it was, not copied.
-/// The reporter runs this on every event; building a `Value` of it, filtering that into a new
-/// one and serialising the result was most of the reporter's CPU. A property test holds it to
-/// `validate_and_filter_event(&serde_json::to_value(event))`, result and error alike, so the
-/// sensor and the ingest still apply one filter.
-pub fn filter_event(mut event: super::Event) -> Result<super::Event, FilterError> {
-    let v = u64::from(event.v);
-    if v != u64::from(EVENT_SCHEMA_VERSION) && v != u64::from(EVENT_SCHEMA_V1) {
-        return Err(invalid("v", "unsupported envelope version"));
-    }
-    check_token(&event.id, "id", 64, 8, id_char)?;
-    check_timestamp(&event.ts)?;
-
-    let rec = &mut event.rec;
-    check_token(&rec.rail, "rec.rail", 32, 1, rail_char)?;
-    check_metadata(&rec.action, "rec.action", true)?;
-    if let Some(r) = &rec.registry_version {
-        check_token(r, "rec.registryVersion", 64, 1, hex_char)?;
-    }
-    rec.fields = match rec.fields.take() {
-        Some(f) if v == u64::from(EVENT_SCHEMA_VERSION) => {
-            Some(admit_fields(f)).filter(|f| !f.is_empty())
-        }
-        _ => None,
-    };
-
-    let dest = &event.dest;
-    check_metadata(&dest.path_template, "dest.pathTemplate", true)?;
-    if !dest.path_template.starts_with('/') {
-        return Err(invalid("dest.pathTemplate", "must start with /"));
-    }
-    check_token(&dest.method, "dest.method", 16, 1, method_char)?;
-    check_metadata(&dest.host, "dest.host", true)?;
-
-    let actor = &event.actor;
-    check_actor_id(&actor.id)?;
-    check_token(&actor.kind, "actor.kind", 32, 1, word_char)?;
-    check_token(&actor.grade, "actor.grade", 32, 1, word_char)?;
-
-    if let Some(o) = &event.on_behalf_of {
-        check_metadata(o, "onBehalfOf", true)?;
-    }
-
-    if !(100..=599).contains(&event.status) {
-        return Err(invalid("status", "not an HTTP-ish status"));
-    }
-    // serde_json turns a non-finite f64 into null, which the value filter rejects as "not a
-    // non-negative number"; a finite one becomes the same number.
-    let dur = event.dur_ms;
-    if !(dur.is_finite() && dur >= 0.0) {
-        return Err(invalid("dur_ms", "not a non-negative number"));
-    }
-
-    if let Some(s) = &event.session {
-        check_metadata(&s.id, "session.id", true)?;
-        for (key, x) in [("protocol", &s.protocol), ("client", &s.client)] {
-            if let Some(text) = x {
-                check_metadata(text, key, false)?;
-            }
-        }
-    }
-    // `err` is typed: a kind from the closed set, and an integer code L4 still reads.
-    if let Some(c) = event.err.as_ref().and_then(|e| e.code) {
-        check_code(c)?;
-    }
-    Ok(event)
+fn word_char(b: u8) -> bool {
+    b.is_ascii_lowercase() || b == b'_' || b == b'-'
 }
 
 #[cfg(test)]
@@ -657,6 +691,23 @@ pub(crate) mod tests {
         assert_eq!(out["v"], json!(1));
         assert!(out["rec"].get("fields").is_none());
         assert_eq!(out["rec"]["action"], json!("issue_refund"));
+    }
+
+    /// A v1 envelope's `rec.fields` are dropped unread, whatever they hold.
+    #[test]
+    fn v1_envelope_passes_with_fields_of_any_type() {
+        for fields in [json!(false), json!("x"), json!([1]), json!(null)] {
+            let mut e = sample();
+            e["v"] = json!(1);
+            e["rec"]["fields"] = fields;
+            let out = validate_and_filter_event(&e).expect("ok");
+            assert!(out["rec"].get("fields").is_none());
+            e["v"] = json!(2);
+            assert_eq!(
+                validate_and_filter_event(&e).is_ok(),
+                e["rec"]["fields"].is_null()
+            );
+        }
     }
 
     #[test]

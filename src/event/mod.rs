@@ -335,16 +335,21 @@ thread_local! {
         std::cell::RefCell::new((Box::new([0u8; ID_POOL_BYTES]), ID_POOL_BYTES));
 }
 
-/// A fresh 128-bit random event id, lower-case hex. The bytes come from the OS random number
-/// generator (fetched in blocks, each byte used once).
+/// A fresh 128-bit random event id, lower-case hex, from `crate::random` (fetched in blocks,
+/// each byte used once).
+///
+/// Empty when the OS generator fails, and never made up from anything else: the ingest stores
+/// an id once, so an id two events could share loses one of them, and a predictable one could
+/// be taken first. An empty id is no id: L3 takes 8 to 64 characters, so the reporter rejects
+/// the event and counts it, and it is never sent. Failing open, never panicking: the relay
+/// carries on, with one warning that events are not sent.
 pub fn new_event_id() -> String {
-    use ring::rand::{SecureRandom, SystemRandom};
     let mut b = [0u8; 16];
     let pooled = ID_POOL.with(|pool| {
         let mut pool = pool.borrow_mut();
         let (bytes, used) = &mut *pool;
         if *used + b.len() > ID_POOL_BYTES {
-            if SystemRandom::new().fill(&mut bytes[..]).is_err() {
+            if crate::random::fill(&mut bytes[..]).is_err() {
                 return false;
             }
             *used = 0;
@@ -353,14 +358,12 @@ pub fn new_event_id() -> String {
         *used += 16;
         true
     });
-    // SystemRandom only fails if the OS RNG is unavailable; fall back to time-derived bytes
-    // rather than panicking on the data path (the id then stays unique in practice).
     if !pooled {
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        b = n.to_le_bytes();
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!("No randomness for event ids; events are not sent");
+        }
+        return String::new();
     }
     hex_lower(&b)
 }
@@ -524,6 +527,16 @@ mod tests {
             .bytes()
             .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
         assert_ne!(id, new_event_id());
+    }
+
+    /// What [`new_event_id`] gives when the OS generator fails: such an event is never sent.
+    #[test]
+    fn an_event_without_an_id_does_not_pass_l3() {
+        let mut ev: Event = serde_json::from_value(filter::tests::sample()).expect("an Event");
+        ev.id = String::new();
+        assert!(filter_event(ev.clone()).is_err());
+        let as_json = serde_json::to_value(&ev).expect("serialises");
+        assert!(validate_and_filter_event(&as_json).is_err());
     }
 
     #[test]

@@ -17,6 +17,8 @@ use std::sync::OnceLock;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use serde_json::{Number, Value};
 
+use crate::token::is_b64url;
+
 /// Argument keys captured without any `--capture` flag: business metadata that describes what a
 /// call did (how much, in what unit, why, in which state) without naming anyone. Written in
 /// normalised form (see [`normalize_key`]), so `amount_cents`, `amountCents` and `AMOUNT-CENTS`
@@ -984,10 +986,6 @@ fn contains_email(text: &str) -> bool {
         }
     }
     false
-}
-
-fn is_b64url(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'-' || b == b'_'
 }
 
 /// Minimum segment length for a JWT-shaped token that does not start with the usual `eyJ`.

@@ -15,11 +15,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
 use super::Limits;
+use crate::lock::lock;
 
 /// Why a batch was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +63,7 @@ impl Admission {
     }
 
     fn gate(&self, key_id: &str) -> Arc<KeyGate> {
-        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut keys = lock(&self.keys);
         keys.entry(key_id.to_string())
             .or_insert_with(|| {
                 Arc::new(KeyGate {
@@ -108,7 +109,7 @@ impl Admission {
 
     /// Refusals per key id, for every key refused at least once.
     pub fn refusals(&self) -> HashMap<String, Refusals> {
-        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let keys = lock(&self.keys);
         keys.iter()
             .map(|(k, g)| {
                 let r = Refusals {

@@ -23,7 +23,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -36,6 +36,7 @@ use tokio::task::JoinSet;
 
 use super::tls::{IngestListener, IngestStream};
 use super::Limits;
+use crate::lock::lock;
 
 /// Accepts and serves connections on `listener` until `stop` resolves, then drains them.
 pub(crate) async fn serve(
@@ -195,7 +196,7 @@ impl Clock {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ClockState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     fn read(&self, n: usize) {

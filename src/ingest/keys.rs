@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use ring::hmac;
-use ring::rand::{SecureRandom, SystemRandom};
 
 use super::IngestError;
+use crate::random;
 use crate::token::{SensorToken, TOKEN_PREFIX};
 
 /// Signing secret length: the HMAC-SHA256 block-size-independent recommendation (= output size).
@@ -60,17 +60,9 @@ fn beside(db: &Path, suffix: &str) -> PathBuf {
     db.with_file_name(name)
 }
 
-fn random_bytes<const N: usize>() -> Result<[u8; N], IngestError> {
-    let mut b = [0u8; N];
-    SystemRandom::new()
-        .fill(&mut b)
-        .map_err(|_| IngestError::Rng)?;
-    Ok(b)
-}
-
 /// A fresh key id: `k_` + 20 lower-case hex digits (fits `SensorToken`'s keyId rules).
 pub fn new_key_id() -> Result<String, IngestError> {
-    let b = random_bytes::<KEY_ID_RANDOM_BYTES>()?;
+    let b = random::bytes::<KEY_ID_RANDOM_BYTES>()?;
     Ok(format!("{KEY_ID_PREFIX}{}", crate::event::hex_lower(&b)))
 }
 
@@ -93,7 +85,7 @@ fn write_secret_with(
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let suffix = random_bytes::<8>().map_err(|e| std::io::Error::other(e.to_string()))?;
+    let suffix = random::bytes::<8>().map_err(std::io::Error::other)?;
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(format!(".tmp-{}", crate::event::hex_lower(&suffix)));
     let tmp = dir.join(tmp_name);
@@ -176,7 +168,7 @@ impl Signer {
     pub fn load_or_create(db: &Path) -> Result<Self, IngestError> {
         let path = signing_secret_path(db);
         let (text, _) = load_or_create_secret(&path, || {
-            Ok(URL_SAFE_NO_PAD.encode(random_bytes::<SIGNING_SECRET_BYTES>()?))
+            Ok(URL_SAFE_NO_PAD.encode(random::bytes::<SIGNING_SECRET_BYTES>()?))
         })?;
         let secret = URL_SAFE_NO_PAD
             .decode(text.as_bytes())
@@ -244,7 +236,7 @@ impl AdminSecret {
         let (text, created) = load_or_create_secret(&path, || {
             Ok(format!(
                 "{ADMIN_SECRET_PREFIX}{}",
-                URL_SAFE_NO_PAD.encode(random_bytes::<ADMIN_SECRET_BYTES>()?)
+                URL_SAFE_NO_PAD.encode(random::bytes::<ADMIN_SECRET_BYTES>()?)
             ))
         })?;
         if text.len() < MIN_ADMIN_SECRET_LEN {
@@ -257,7 +249,7 @@ impl AdminSecret {
     }
 
     fn new(text: &str) -> Result<Self, IngestError> {
-        let key = hmac::Key::new(hmac::HMAC_SHA256, &random_bytes::<32>()?);
+        let key = random::hmac_key()?;
         let tag = hmac::sign(&key, text.as_bytes());
         Ok(AdminSecret {
             key,

@@ -275,6 +275,13 @@ pub enum IngestError {
     Serve(std::io::Error),
 }
 
+/// The ingest refuses to mint a key or a secret without the OS generator (see `crate::random`).
+impl From<crate::random::Unavailable> for IngestError {
+    fn from(_: crate::random::Unavailable) -> Self {
+        IngestError::Rng
+    }
+}
+
 /// A started ingest. Dropping it without [`RunningIngest::shutdown`] leaves the server running
 /// on the runtime until the runtime stops.
 pub struct RunningIngest {

@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -39,6 +39,7 @@ use serde_json::{Map, Number, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::IngestError;
+use crate::lock::lock;
 
 /// Jobs waiting for the writer; beyond this, senders wait (back-pressure on the HTTP handlers).
 const WRITER_QUEUE: usize = 1024;
@@ -261,12 +262,6 @@ fn open_conn(path: &Path, read_only: bool) -> Result<Connection, rusqlite::Error
     Ok(conn)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked while holding it; the data (a Vec of
-    // connections, an Option) is still consistent.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// `<db><suffix>`: SQLite's `-wal` and `-shm` files beside the database.
 pub fn sidecar_path(db: &Path, suffix: &str) -> PathBuf {
     let mut name = db.as_os_str().to_os_string();
@@ -425,11 +420,7 @@ impl Store {
 
     /// The key as last committed, from memory (kept in step by the writer after each commit).
     pub fn key(&self, key_id: &str) -> Option<KeyRecord> {
-        self.keys
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key_id)
-            .cloned()
+        crate::lock::read(&self.keys).get(key_id).cloned()
     }
 
     fn sender(&self) -> Result<mpsc::Sender<Job>, StoreError> {
@@ -729,7 +720,7 @@ fn run_group(conn: &mut Connection, jobs: Vec<Job>, keys: &KeyCache) {
     }
     match tx.commit() {
         Ok(()) => {
-            let mut cache = keys.write().unwrap_or_else(PoisonError::into_inner);
+            let mut cache = crate::lock::write(keys);
             for reply in replies {
                 match reply {
                     Reply::Batch(r, out) => {
@@ -956,16 +947,20 @@ mod tests {
         rt.block_on(store.close());
     }
 
+    /// Our tables and version and no application id, as builds before the id left a database.
+    fn unstamped(db: &Path) -> Connection {
+        let c = Connection::open(db).expect("open");
+        c.execute_batch(SCHEMA).expect("schema");
+        c.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .expect("version");
+        c
+    }
+
     #[test]
     fn a_database_from_a_build_before_the_application_id_is_ours() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("x.db");
-        {
-            let c = Connection::open(&db).expect("open");
-            c.execute_batch(SCHEMA).expect("schema");
-            c.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .expect("version");
-        }
+        drop(unstamped(&db));
         assert_eq!(
             probe(&db).expect("ours"),
             Layout::Current { stamped: false }
@@ -978,14 +973,9 @@ mod tests {
     fn another_application_id_is_foreign_even_with_our_tables() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("x.db");
-        {
-            let c = Connection::open(&db).expect("open");
-            c.execute_batch(SCHEMA).expect("schema");
-            c.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .expect("version");
-            c.pragma_update(None, "application_id", 0x1234)
-                .expect("app id");
-        }
+        unstamped(&db)
+            .pragma_update(None, "application_id", 0x1234)
+            .expect("app id");
         assert!(matches!(
             probe(&db),
             Err(IngestError::ForeignDatabase { .. })

@@ -13,6 +13,8 @@ use std::time::{Duration, SystemTime};
 
 use backon::{BackoffBuilder, ConstantBuilder, ExponentialBuilder};
 
+use crate::random::spread_seed;
+
 /// Base delay before the single retry. Long enough for an ingest that is restarting or briefly
 /// overloaded to recover, short enough that a retry fits well inside the 2 s shutdown deadline.
 pub const RETRY_DELAY: Duration = Duration::from_millis(250);
@@ -149,7 +151,7 @@ pub fn backoff(delay: Duration) -> ConstantBuilder {
         .with_delay(delay)
         .with_max_times(MAX_RETRIES)
         .with_jitter()
-        .with_jitter_seed(random_seed())
+        .with_jitter_seed(spread_seed())
 }
 
 /// The wait before the retry of an attempt that failed with `err`, given the `planned` one of
@@ -205,7 +207,7 @@ impl Cooldown {
                 .with_factor(COOLDOWN_FACTOR)
                 .without_max_times()
                 .with_jitter()
-                .with_jitter_seed(random_seed())
+                .with_jitter_seed(spread_seed())
                 .build()
         });
         let pause = steps.next().unwrap_or(max).min(max);
@@ -216,20 +218,6 @@ impl Cooldown {
     pub fn succeeded(&mut self) {
         self.current = None;
     }
-}
-
-fn random_seed() -> u64 {
-    use ring::rand::{SecureRandom, SystemRandom};
-    let mut b = [0u8; 8];
-    if SystemRandom::new().fill(&mut b).is_err() {
-        // No OS RNG: any per-process value still spreads sensors apart.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or_default();
-        return t ^ u64::from(std::process::id());
-    }
-    u64::from_le_bytes(b)
 }
 
 #[cfg(test)]

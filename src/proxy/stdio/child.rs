@@ -26,6 +26,7 @@ use nix::sys::wait::{waitid, Id, WaitPidFlag};
 use nix::unistd::Pid;
 
 use crate::config::is_sensor_env;
+use crate::lock::lock;
 use crate::log::PREFIX;
 
 /// Exit code when the server command does not exist (the shell's convention).
@@ -184,10 +185,7 @@ impl ChildGroup {
     /// Sends `sig` to the whole process group unless the child was already reaped.
     /// Returns whether the signal was sent.
     pub fn signal(&self, sig: Signal) -> bool {
-        let guard = match self.child.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let guard = lock(&self.child);
         if guard.is_none() {
             return false;
         }
@@ -197,10 +195,7 @@ impl ChildGroup {
 
     /// Whether the child was reaped (after which no signal is ever sent to the group).
     pub fn is_reaped(&self) -> bool {
-        match self.child.lock() {
-            Ok(g) => g.is_none(),
-            Err(poisoned) => poisoned.into_inner().is_none(),
-        }
+        lock(&self.child).is_none()
     }
 
     /// Blocks until the child has exited, WITHOUT reaping it (WNOWAIT), so its pid stays
@@ -222,20 +217,14 @@ impl ChildGroup {
     /// Reaps the child (it must have exited: see [`Self::wait_exited`]) and returns its status.
     /// After this no signal is sent to the group again.
     pub fn reap(&self) -> Option<ExitStatus> {
-        let mut guard = match self.child.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut guard = lock(&self.child);
         let mut child = guard.take()?;
         child.wait().ok()
     }
 
     /// Reaps if the child has exited; leaves it (and the group's signalling) alone otherwise.
     pub fn try_reap(&self) -> Option<ExitStatus> {
-        let mut guard = match self.child.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut guard = lock(&self.child);
         let status = guard.as_mut()?.try_wait().ok()??;
         *guard = None;
         Some(status)

@@ -23,6 +23,7 @@ use bytes::{Bytes, BytesMut};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::READ_BUF;
+use crate::lock::{lock, try_lock};
 use crate::tap::TapSender;
 
 /// What a relay loop (or the waiter) tells the session when it is done.
@@ -57,37 +58,28 @@ impl TapSlot {
 
     fn offer(&self, seen: Instant, chunk: Bytes) {
         // Uncontended except at the very end of the session; the offer never blocks.
-        if let Ok(mut guard) = self.tx.lock() {
-            if let Some(tx) = guard.as_mut() {
-                tx.offer(seen, chunk);
-            }
+        if let Some(tx) = lock(&self.tx).as_mut() {
+            tx.offer(seen, chunk);
         }
     }
 
     /// Announces that bytes were read and are about to be forwarded (see `TapSender::begin`).
     fn begin(&self) {
-        if let Ok(guard) = self.tx.lock() {
-            if let Some(tx) = guard.as_ref() {
-                tx.begin();
-            }
+        if let Some(tx) = lock(&self.tx).as_ref() {
+            tx.begin();
         }
     }
 
     /// The announced bytes will not be offered.
     fn settle(&self) {
-        if let Ok(guard) = self.tx.lock() {
-            if let Some(tx) = guard.as_ref() {
-                tx.settle();
-            }
+        if let Some(tx) = lock(&self.tx).as_ref() {
+            tx.settle();
         }
     }
 
     /// Sends this direction's EOF marker and drops the sender. Idempotent.
     pub fn close(&self, seen: Instant) {
-        let tx = match self.tx.lock() {
-            Ok(mut guard) => guard.take(),
-            Err(poisoned) => poisoned.into_inner().take(),
-        };
+        let tx = lock(&self.tx).take();
         if let Some(tx) = tx {
             tx.close(seen);
         }
@@ -164,22 +156,19 @@ impl BlockStock {
             let mut block = BytesMut::with_capacity(READ_BUF);
             block.resize(READ_BUF, 0);
             block.clear();
-            match self.0.lock() {
-                Ok(mut blocks) => blocks.push(block),
-                Err(poisoned) => poisoned.into_inner().push(block),
-            }
+            lock(&self.0).push(block);
         }
     }
 
     /// A stocked block, if one is ready. Never waits: while `fill` holds the lock it is none.
     fn take(&self) -> Option<BytesMut> {
-        self.0.try_lock().ok()?.pop()
+        try_lock(&self.0)?.pop()
     }
 
     /// Blocks ready (tests).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.0.lock().map_or(0, |b| b.len())
+        lock(&self.0).len()
     }
 }
 
