@@ -66,9 +66,9 @@ pub struct SessionNamer {
 impl SessionNamer {
     /// `None` if the system has no randomness to offer.
     pub fn new() -> Option<SessionNamer> {
-        let rng = ring::rand::SystemRandom::new();
-        let key = ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &rng).ok()?;
-        Some(SessionNamer { key })
+        crate::random::hmac_key()
+            .ok()
+            .map(|key| SessionNamer { key })
     }
 
     pub fn name(&self, raw: &[u8]) -> String {

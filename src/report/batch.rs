@@ -440,11 +440,9 @@ impl Batcher {
     }
 
     fn publish(&self) {
-        if let Ok(mut p) = self.published.lock() {
-            let mut s = self.stats.clone();
-            s.dropped = s.queue_full + s.filtered + s.failed;
-            *p = s;
-        }
+        let mut s = self.stats.clone();
+        s.dropped = s.queue_full + s.filtered + s.failed;
+        *crate::lock::lock(&self.published) = s;
     }
 }
 

@@ -181,7 +181,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
 impl ReporterHandle {
     /// The totals so far, as of the last batch the batcher finished (for `--debug` and tests).
     pub fn snapshot(&self) -> ReportStats {
-        let mut s = self.published.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut s = crate::lock::lock(&self.published).clone();
         let q = self.queue_dropped.load(Ordering::Relaxed);
         s.queue_full += q;
         s.dropped += q;
@@ -206,7 +206,7 @@ impl ReporterHandle {
             _ => {
                 task.abort();
                 tracing::warn!("Reporter did not stop by its deadline; unsent events are lost");
-                let mut s = self.published.lock().map(|s| s.clone()).unwrap_or_default();
+                let mut s = crate::lock::lock(&self.published).clone();
                 let q = self.queue_dropped.load(Ordering::Relaxed);
                 s.queue_full += q;
                 s.dropped += q;

@@ -209,9 +209,9 @@ impl FileSink {
         line.extend_from_slice(body);
         line.push(b'\n');
         let path = self.path.clone();
-        // Only one batch is ever in flight, so the lock is never contended; a poisoned lock
-        // (a panic mid-write) just means the file is reopened.
-        let file = self.file.lock().ok().and_then(|mut g| g.take());
+        // Only one batch is ever in flight, so the lock is never contended. A panic mid-write
+        // loses the handle with the blocking task, and the next batch reopens the file.
+        let file = crate::lock::lock(&self.file).take();
         // File I/O blocks: it runs on the blocking pool, never on the runtime's worker.
         let res = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
             use std::io::Write;
@@ -229,9 +229,7 @@ impl FileSink {
         .await;
         match res {
             Ok(Ok(f)) => {
-                if let Ok(mut g) = self.file.lock() {
-                    *g = Some(f);
-                }
+                *crate::lock::lock(&self.file) = Some(f);
                 Ok(())
             }
             Ok(Err(e)) => Err(DeliveryError::File(e.to_string())),

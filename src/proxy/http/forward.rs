@@ -294,11 +294,9 @@ impl Drop for TeeBody {
             return;
         }
         if let Some(slot) = self.give_back.take() {
-            if let Ok(mut slot) = slot.lock() {
-                *slot = self.inner.take();
-                // The caller reads the rest and ends the body itself.
-                return;
-            }
+            *crate::lock::lock(&slot) = self.inner.take();
+            // The caller reads the rest and ends the body itself.
+            return;
         }
         if let Some(tee) = &self.tee {
             tee.end(BodyEnd::ReaderGone);
@@ -484,7 +482,7 @@ pub async fn forward(
                 "Upstream unreachable; answering 502"
             );
             if let Some(w) = &fwd.handoff {
-                let rest = slot.lock().ok().and_then(|mut s| s.take());
+                let rest = crate::lock::lock(&slot).take();
                 drain_for_observation(w, ex, rest).await;
                 w.offer(ExchangeMsg::Unreachable {
                     ex,
