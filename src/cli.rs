@@ -12,6 +12,9 @@ use std::ffi::OsString;
 
 use clap::{Args, Parser};
 
+/// Exit code for a usage error (unknown flag, missing server command).
+pub const EXIT_USAGE: i32 = 2;
+
 /// Every flag the wrapper takes. Env names are listed in the help text; the flag wins.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ObserveArgs {

@@ -48,8 +48,7 @@ use std::ffi::OsString;
 
 pub use config::Env;
 
-/// Exit code for a usage error (unknown flag, missing server command).
-pub const EXIT_USAGE: i32 = 2;
+pub use cli::EXIT_USAGE;
 
 /// Runs the sensor: parses `argv` (program name first; a leading `observe mcp` is tolerated),
 /// reads configuration from `env` (never from the process), runs the wrapped server to the end

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cli::ObserveArgs;
+use crate::cli::EXIT_USAGE;
 use crate::config::{Config, Env, IngestTarget, Mode};
 use crate::log::PREFIX;
 use crate::observe::{self, EndCause, Observer, ObserverConfig, Transport};
@@ -22,7 +23,6 @@ use crate::proxy::http::{Listener, Upstream, EXIT_START_FAILED};
 use crate::proxy::stdio::{SessionEnd, StdioOutcome, StdioProxy};
 use crate::report::{self, ReportConfig};
 use crate::tap;
-use crate::EXIT_USAGE;
 
 /// Runs the sensor from parsed flags to the end of the session: [`crate::run_observe_args`].
 pub(crate) fn run(args: &ObserveArgs, env: &Env) -> i32 {

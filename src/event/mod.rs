@@ -20,6 +20,13 @@ pub use filter::{filter_event, validate_and_filter_event, FilterError, EVENT_SCH
 /// Most events in one batch (DESIGN §4).
 pub const MAX_BATCH_EVENTS: usize = 500;
 
+/// Largest batch body the reference ingest accepts by default: the sensor's batches stay under
+/// it, and the ingest's `DEFAULT_MAX_BODY_BYTES` is it. Part of the wire contract, so it lives
+/// here, where both sides read it, rather than in either. A real 500-event batch is a few hundred
+/// KB; 4 MiB leaves room for events near the capture limits while bounding what one request can
+/// make the ingest hold.
+pub const MAX_BATCH_BODY_BYTES: usize = 4 * 1024 * 1024;
+
 /// A string many events carry unchanged (`dest.host`, `actor.id`, the session's facts): every
 /// event holding it shares one allocation, so building an event copies a pointer, not the text.
 /// Serialises and deserialises as a plain JSON string, and compares with `str` like a `String`.

@@ -101,9 +101,8 @@ pub const ENV_LISTEN: &str = "BOUNDED_INGEST_LISTEN";
 /// Env: the most connections `serve` keeps open at once.
 pub const ENV_MAX_CONNECTIONS: &str = "BOUNDED_INGEST_MAX_CONNECTIONS";
 
-/// Largest `POST /v1/events` body. A real 500-event batch is a few hundred KB; 4 MiB leaves
-/// room for events near the capture limits while bounding what one request can make us hold.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Largest `POST /v1/events` body: [`crate::event::MAX_BATCH_BODY_BYTES`].
+pub const DEFAULT_MAX_BODY_BYTES: usize = crate::event::MAX_BATCH_BODY_BYTES;
 
 /// How long a client may take to send a body. A sensor posts a few hundred KB at once; a body
 /// trickling in slower than this is holding a batch slot for nothing.

@@ -57,7 +57,7 @@ pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
 /// when the batch is sent; 512 covers a 20-digit count with room to spare.
 const ENVELOPE_RESERVE: usize = 512;
 
-const _: () = assert!(MAX_BATCH_BYTES <= crate::ingest::DEFAULT_MAX_BODY_BYTES);
+const _: () = assert!(MAX_BATCH_BYTES <= crate::event::MAX_BATCH_BODY_BYTES);
 
 /// What happened to one batch.
 #[derive(Debug)]
