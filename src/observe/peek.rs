@@ -121,6 +121,15 @@ pub fn number_id(text: &str) -> RpcId {
     RpcId::Dec(format!("{sign}{significant}e{power}"))
 }
 
+/// Visitor methods for scalar kinds a lenient value must not be: each is [`Lenient::Wrong`].
+macro_rules! wrong_scalars {
+    ($($visit:ident: $t:ty),*) => {
+        $(fn $visit<E: de::Error>(self, _: $t) -> Result<Self::Value, E> {
+            Ok(Lenient::Wrong)
+        })*
+    };
+}
+
 /// What a value looked like, for the lenient visitors.
 macro_rules! ignore_rest {
     () => {
@@ -137,6 +146,27 @@ macro_rules! ignore_rest {
         }
         fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
             Ok(Lenient::Wrong)
+        }
+    };
+}
+
+/// The rest of a visitor that wants an object: any other value is read past and is `Wrong`,
+/// except `null`, which is as good as absent (`"arguments": null`).
+macro_rules! not_an_object {
+    () => {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Lenient::Wrong)
+        }
+        wrong_scalars!(
+            visit_bool: bool,
+            visit_i64: i64,
+            visit_u64: u64,
+            visit_f64: f64,
+            visit_str: &str
+        );
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Lenient::Absent)
         }
     };
 }
@@ -190,15 +220,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Lenient<Cow<'a, str>> {
             fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
                 Ok(Lenient::Ok(Cow::Owned(v)))
             }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
+            wrong_scalars!(visit_i64: i64, visit_u64: u64, visit_f64: f64);
             ignore_rest!();
         }
         d.deserialize_any(V(std::marker::PhantomData))
@@ -217,18 +239,7 @@ impl<'de> Deserialize<'de> for Lenient<bool> {
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
                 Ok(Lenient::Ok(v))
             }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
+            wrong_scalars!(visit_i64: i64, visit_u64: u64, visit_f64: f64, visit_str: &str);
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
                 Ok(Lenient::Wrong)
@@ -260,12 +271,7 @@ impl<'de> Deserialize<'de> for Lenient<i64> {
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
                 Ok(i64::try_from(v).map_or(Lenient::Wrong, Lenient::Ok))
             }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
+            wrong_scalars!(visit_f64: f64, visit_str: &str);
             ignore_rest!();
         }
         d.deserialize_any(V)
@@ -381,29 +387,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Lenient<Args<'a>> {
                 }
                 Ok(Lenient::Ok(Args(out)))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Lenient::Wrong)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Lenient::Wrong)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                // `"arguments": null` is as good as absent.
-                Ok(Lenient::Absent)
-            }
+            not_an_object!();
         }
         d.deserialize_any(V(std::marker::PhantomData))
     }
@@ -526,31 +510,7 @@ macro_rules! lenient_struct {
                     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
                         read_object::<$t<'a>, A>(map).map(|v| Lenient::Ok(($wrap)(v)))
                     }
-                    fn visit_seq<A: SeqAccess<'de>>(
-                        self,
-                        mut seq: A,
-                    ) -> Result<Self::Value, A::Error> {
-                        while seq.next_element::<IgnoredAny>()?.is_some() {}
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                        Ok(Lenient::Wrong)
-                    }
-                    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                        Ok(Lenient::Absent)
-                    }
+                    not_an_object!();
                 }
                 d.deserialize_any(V(std::marker::PhantomData))
             }
