@@ -13,8 +13,9 @@
 //!   `delay` tool that answers in JSON after `arguments.ms` (default 1000); a `hang` tool whose
 //!   stream never ends (and counts when its reader goes away); a GET stream on `/mcp` that
 //!   never ends either (counted the same way); 25 MB bodies both ways; a gzip body; a
-//!   body-less 202; 404 for an unknown session; a non-2xx answer; answers the proxy cannot read
-//!   (no content type, `text/plain`, over its 32 MiB cap); header echo. `GET /stats` reports
+//!   body-less 202; 404 for an unknown session; a non-2xx answer; a 33 MiB result (`huge`),
+//!   which the proxy reads from its ends; answers the proxy cannot read (no content type,
+//!   `text/plain`, a batch over its 32 MiB cap); header echo. `GET /stats` reports
 //!   what it observed. It reads JSON as a JavaScript server does: a duplicated key keeps its
 //!   last value, and a numeric id comes back as the number it parsed to (`"id": 1.0` is
 //!   answered with `"id": 1`).
@@ -43,7 +44,8 @@ use serde_json::{json, Value};
 /// Size of the large bodies: the proxy must relay 25 MB.
 const BIG: usize = 25 * 1024 * 1024;
 
-/// Size of the `huge` answer: over the proxy's 32 MiB cap on an observed body.
+/// Size of the `huge` and `huge_batch` answers: over the proxy's 32 MiB cap on a body it holds
+/// whole (a batch; a single result is read from its ends).
 const HUGE: usize = 33 * 1024 * 1024;
 
 /// The pause between the first SSE event and the result in the `slow` tool.
@@ -256,6 +258,12 @@ async fn raw_mcp(State(stats): State<Arc<Stats>>, headers: HeaderMap, body: Byte
                             .to_string()
                             .into_bytes(),
                     )
+                }
+                "huge_batch" => {
+                    let text = "x".repeat(HUGE);
+                    let result =
+                        rpc_result(&id, json!({"content": [{"type": "text", "text": text}]}));
+                    json_response(StatusCode::OK, json!([result]).to_string().into_bytes())
                 }
                 "untyped" => typed_response(None, &id),
                 "plain" => typed_response(Some("text/plain"), &id),

@@ -1140,22 +1140,33 @@ async fn unreadable_response_is_unobserved_not_a_timeout() {
     );
 }
 
-/// An answer over the observed-body cap is relayed whole and cannot be read: its call is
-/// unobserved, not a 504 when its exchange ends. (The default call timeout: relaying 33 MiB
-/// through a debug build on a shared machine takes longer than a short one.)
+/// A batch over the observed-body cap is relayed whole and cannot be read: its call is
+/// unobserved, not a 504 when its exchange ends. A single result as large is read from its
+/// ends: its call is reported, with the result's exact size. (The default call timeout:
+/// relaying 33 MiB through a debug build on a shared machine takes longer than a short one.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_response_is_unobserved_not_a_timeout() {
     let fx = Fixture::start("raw");
+    let huge_len = Arc::new(Mutex::new(0));
+    let len = huge_len.clone();
     let (events, _, stderr) = observed_with(&fx.url, &["--debug"], |url| async move {
         let c = client();
-        let a = send(&c, Method::POST, &url, JSON_POST, call(1, "huge")).await;
+        let a = send(&c, Method::POST, &url, JSON_POST, call(1, "huge_batch")).await;
         assert_eq!(a.status, StatusCode::OK);
         assert!(a.body.len() > 33 * 1024 * 1024);
-        let a = send(&c, Method::POST, &url, JSON_POST, call(2, "echo")).await;
+        let a = send(&c, Method::POST, &url, JSON_POST, call(2, "huge")).await;
+        assert_eq!(a.status, StatusCode::OK);
+        *len.lock().expect("lock") = a.body.len();
+        let a = send(&c, Method::POST, &url, JSON_POST, call(3, "echo")).await;
         assert_eq!(a.status, StatusCode::OK);
     })
     .await;
-    assert!(by_action(&events, "huge").is_empty(), "{events:?}");
+    assert!(by_action(&events, "huge_batch").is_empty(), "{events:?}");
+    let huge = by_action(&events, "huge");
+    assert_eq!(huge.len(), 1, "{events:?}");
+    assert_eq!(huge[0]["status"], 200, "{}", huge[0]);
+    let len = *huge_len.lock().expect("lock");
+    assert_eq!(huge[0]["bytes"]["resp"], len, "{}", huge[0]);
     assert_eq!(by_action(&events, "echo").len(), 1, "{events:?}");
     assert_eq!(debug_total(&stderr, "unobserved"), Some(1), "{stderr}");
 }

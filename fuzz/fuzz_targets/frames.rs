@@ -168,9 +168,16 @@ fuzz_target!(|data: &[u8]| {
         if gap {
             sse.lost_bytes();
         }
-        sse.feed(chunk, &mut |ev| {
-            assert!(ev.len() <= MAX_EVENT_DATA);
-            check_frame(ev);
+        sse.feed(chunk, &mut |ev| match ev {
+            Split::Frame(data) => {
+                assert!(data.len() <= MAX_EVENT_DATA);
+                check_frame(data);
+            }
+            Split::Summary { skeleton, .. } => {
+                assert!(skeleton.len() <= SUMMARIZE.head + SUMMARIZE.tail + 1);
+                check_frame(skeleton);
+            }
+            Split::Oversize(_) => {}
         });
     }
     let mut got = Vec::new();

@@ -1,13 +1,17 @@
-//! Frame splitting: turns the tap's chunks of one direction back into newline-delimited frames.
+//! Frame splitting: turns the tap's chunks of one direction back into newline-delimited frames,
+//! and decides for every transport what of one message is kept.
 //!
-//! Goes in: chunks as the relay read them (any size, any split point, possibly with gaps where
-//! the tap dropped chunks). Comes out: whole frames (one JSON-RPC message or batch, without the
-//! newline and a trailing `\r`); for a JSON object frame over [`WHOLE_FRAME_BYTES`], a small
-//! skeleton built from its first and last bytes; for any other frame longer than the cap, only its
-//! length. Memory is bounded: a frame is held only until its newline, a large object keeps only
-//! its head and tail, a frame over the cap is measured and discarded as it streams past, and a
-//! buffer grown for a large frame is released after use.
-//! Never parses JSON (apart from [`split_batch`], which only finds element boundaries).
+//! [`MessageBuf`] takes one message's bytes as they arrive, whoever frames it (stdio lines here,
+//! HTTP bodies and SSE events in `super::http` and `super::sse`), and gives what the observer
+//! reads ([`Split`]): the whole message; for a JSON object over [`WHOLE_FRAME_BYTES`], a small
+//! skeleton built from its first and last bytes; for anything else over the cap, only its
+//! length. [`FrameSplitter`] ends a message at each newline: goes in, chunks as the relay read
+//! them (any size, any split point, possibly with gaps where the tap dropped chunks); comes out,
+//! one [`Split`] per line, without the newline and a trailing `\r`. Memory is bounded: a frame
+//! is held only until its newline, a large object keeps only its head and tail, a frame over the
+//! cap is measured and discarded as it streams past, and a buffer grown for a large frame is
+//! released after use. Never parses JSON (apart from [`split_batch`], which only finds element
+//! boundaries).
 
 use std::ops::Range;
 
@@ -46,8 +50,9 @@ pub const SUMMARY_HEAD: usize = 16 * 1024;
 /// Bytes kept from the end of a frame larger than [`WHOLE_FRAME_BYTES`].
 pub const SUMMARY_TAIL: usize = 16 * 1024;
 
-/// Where large JSON object frames start and how much of them is kept; shared by the splitter
-/// and the tap's sender so both agree on what the observer needs (tests shrink them).
+/// Where large JSON object frames start and how much of them is kept; shared by [`MessageBuf`]
+/// (every transport) and the stdio tap's sender so all agree on what the observer needs (tests
+/// shrink them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Summarize {
     /// Largest object frame held whole.
@@ -84,6 +89,52 @@ pub enum Split<'a> {
     /// A frame that could not be parsed ended (over the cap, or too large and not joinable):
     /// only its length (without line ending) is known.
     Oversize(u64),
+}
+
+impl Split<'_> {
+    /// The same, owning its bytes.
+    pub fn to_message(&self) -> Message {
+        match *self {
+            Split::Frame(f) => Message::Frame(f.to_vec()),
+            Split::Summary { skeleton, len } => Message::Summary {
+                skeleton: skeleton.to_vec(),
+                len,
+            },
+            Split::Oversize(n) => Message::Oversize(n),
+        }
+    }
+}
+
+/// A [`Split`] that owns its bytes: for a message observed later than it ended (HTTP: an
+/// answer that came before its request could be handed over, or a request waiting for its
+/// scope).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Frame(Vec<u8>),
+    Summary { skeleton: Vec<u8>, len: u64 },
+    Oversize(u64),
+}
+
+impl Message {
+    pub fn as_split(&self) -> Split<'_> {
+        match self {
+            Message::Frame(f) => Split::Frame(f),
+            Message::Summary { skeleton, len } => Split::Summary {
+                skeleton,
+                len: *len,
+            },
+            Message::Oversize(n) => Split::Oversize(*n),
+        }
+    }
+
+    /// Bytes it holds.
+    pub fn held_bytes(&self) -> usize {
+        match self {
+            Message::Frame(f) => f.len(),
+            Message::Summary { skeleton, .. } => skeleton.len(),
+            Message::Oversize(_) => 0,
+        }
+    }
 }
 
 /// The first and last bytes of a frame too large to hold whole.
@@ -138,11 +189,15 @@ impl Large {
         self.tail.extend_from_slice(seg);
     }
 
-    fn finish(self, out: &mut impl FnMut(Split<'_>)) {
-        let len = trimmed_len(self.len, &self.tail);
+    /// `line`: the message is a line, whose trailing `\r` (of a CRLF) is not part of it.
+    fn finish(self, line: bool, out: &mut impl FnMut(Split<'_>)) {
+        let (len, tail) = if line {
+            (trimmed_len(self.len, &self.tail), trim_cr(&self.tail))
+        } else {
+            (self.len, &self.tail[..])
+        };
         // Exactly the last `tail` bytes, however the frame was chunked, so the skeleton does not
         // depend on read sizes.
-        let tail = trim_cr(&self.tail);
         let tail = &tail[tail.len().saturating_sub(self.limits.tail)..];
         match super::summary::skeleton(&self.head, tail) {
             Some(s) => out(Split::Summary { skeleton: &s, len }),
@@ -151,19 +206,233 @@ impl Large {
     }
 }
 
-/// Per-direction newline splitter.
+/// What a [`MessageBuf`] keeps of the message in progress.
 #[derive(Debug)]
-pub struct FrameSplitter {
+enum Held {
+    /// Every byte so far, in [`MessageBuf::buf`].
+    Whole,
+    /// A JSON object over the summary threshold: its first and last bytes.
+    Ends(Large),
+    /// Over the cap and not a JSON object: only its length.
+    Measured(u64),
+}
+
+/// How a message is to be kept, from its bytes so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Whole,
+    Ends,
+    Measured,
+}
+
+/// One message's bytes as they arrive, kept as the observer will read it: whole while it may
+/// still be read whole; from its first [`SUMMARY_HEAD`] and last [`SUMMARY_TAIL`] bytes once it
+/// is a JSON object over [`WHOLE_FRAME_BYTES`] (or over [`CATALOG_FRAME_BYTES`] when its head
+/// holds [`CATALOG_MARK`]); by its length alone past the cap. Shared by every framing: where a
+/// message ends is the caller's business (a newline for stdio, [`FrameSplitter`]; the end of an
+/// HTTP body, `super::http`; the end of an SSE event, `super::sse`), what is kept of it is
+/// decided here, the same for all. Holds at most the largest whole message allowed (the catalog
+/// limit for objects, the cap for anything else) plus head and tail; never parses JSON.
+#[derive(Debug)]
+pub struct MessageBuf {
     buf: Vec<u8>,
+    held: Held,
     cap: usize,
     limits: Summarize,
-    /// `Some(n)`: inside an oversize frame, `n` bytes seen so far.
-    oversize: Option<u64>,
-    /// The oversize frame's latest byte is a `\r`: not counted in its length if a `\n` (or
-    /// the end of the stream) follows, even in the next chunk.
-    oversize_cr: bool,
-    /// Inside a JSON object frame larger than `whole`.
-    large: Option<Large>,
+    /// A buffer grown beyond this for one message is given back after it.
+    keep: usize,
+    /// The latest byte seen is a `\r`: not counted in a line's length (see [`MessageBuf::end`]).
+    last_cr: bool,
+}
+
+impl MessageBuf {
+    /// Holds at most `cap` bytes of a message that is not a JSON object; objects are read from
+    /// their ends past `limits.whole` (at least `head + tail`, at most `max(cap, head + tail)`)
+    /// or `limits.catalog` (clamped the same way, at least `whole`).
+    pub fn new(cap: usize, limits: Summarize) -> Self {
+        let cap = cap.max(1);
+        let head = limits.head.max(1);
+        let tail = limits.tail.max(1);
+        let whole = limits.whole.clamp(head + tail, cap.max(head + tail));
+        MessageBuf {
+            buf: Vec::new(),
+            held: Held::Whole,
+            cap,
+            limits: Summarize {
+                whole,
+                catalog: limits.catalog.clamp(whole, cap.max(whole)),
+                head,
+                tail,
+            },
+            keep: KEEP_BUFFER_BYTES,
+            last_cr: false,
+        }
+    }
+
+    /// Gives the buffer back after a message that grew it past `keep` bytes (default 1 MiB):
+    /// for a buffer that lives as long as a stream of mostly small messages.
+    pub fn keep_at_most(mut self, keep: usize) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// Some of a message has arrived (or gone past unseen).
+    pub fn started(&self) -> bool {
+        !matches!(self.held, Held::Whole) || !self.buf.is_empty()
+    }
+
+    /// More bytes of the message.
+    pub fn push(&mut self, seg: &[u8]) {
+        let Some(&last) = seg.last() else {
+            return;
+        };
+        self.last_cr = last == b'\r';
+        match &mut self.held {
+            Held::Whole => match self.keep_as(&self.buf, seg) {
+                Keep::Whole => self.buf.extend_from_slice(seg),
+                Keep::Ends => {
+                    self.held = Held::Ends(Large::start(self.limits, &self.buf, seg));
+                    self.release();
+                }
+                Keep::Measured => {
+                    self.held = Held::Measured((self.buf.len() + seg.len()) as u64);
+                    self.release();
+                }
+            },
+            Held::Ends(l) => l.more(seg),
+            Held::Measured(n) => *n += seg.len() as u64,
+        }
+    }
+
+    /// `n` bytes of the message went past unseen (the stdio tap passes over the middle of a
+    /// large frame, see `crate::tap`): what is kept so far is its head.
+    pub fn skip(&mut self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.last_cr = false;
+        match &mut self.held {
+            Held::Measured(m) => *m += n,
+            Held::Ends(l) => l.skip(n),
+            Held::Whole => {
+                let mut l = Large::start(self.limits, &self.buf, &[]);
+                l.skip(n);
+                self.held = Held::Ends(l);
+                self.release();
+            }
+        }
+    }
+
+    /// The message ends with `last` (possibly empty): `out` gets what the observer reads of
+    /// it, and the buffer is ready for the next one. `line`: the message is a line, so a
+    /// trailing `\r` (of a CRLF) is not part of it.
+    pub fn end(&mut self, last: &[u8], line: bool, out: &mut impl FnMut(Split<'_>)) {
+        if !self.started() {
+            // Common case: the whole message is in `last`; no copy.
+            match self.keep_as(&[], last) {
+                Keep::Whole => out(Split::Frame(if line { trim_cr(last) } else { last })),
+                Keep::Ends => Large::start(self.limits, &[], last).finish(line, out),
+                Keep::Measured => {
+                    let cr = line && last.ends_with(b"\r");
+                    out(Split::Oversize(last.len() as u64 - u64::from(cr)))
+                }
+            }
+            return;
+        }
+        self.push(last);
+        self.finish(line, out);
+    }
+
+    /// The stream closed: a message in progress ends here. Returns whether there was one; a
+    /// `line` that is empty (or only a `\r`) is none.
+    pub fn flush(&mut self, line: bool, out: &mut impl FnMut(Split<'_>)) -> bool {
+        let blank = matches!(self.held, Held::Whole) && (line && trim_cr(&self.buf).is_empty());
+        if !self.started() || blank {
+            self.discard();
+            return false;
+        }
+        self.finish(line, out);
+        true
+    }
+
+    /// [`MessageBuf::flush`] for a message observed later: the result owned, a whole message's
+    /// buffer handed over rather than copied. Not a line: every byte counts.
+    pub fn take(&mut self) -> Option<Message> {
+        if !self.started() {
+            return None;
+        }
+        let m = match std::mem::replace(&mut self.held, Held::Whole) {
+            Held::Whole => Message::Frame(std::mem::take(&mut self.buf)),
+            Held::Ends(l) => {
+                let mut m = Message::Oversize(l.len);
+                l.finish(false, &mut |s| m = s.to_message());
+                m
+            }
+            Held::Measured(n) => Message::Oversize(n),
+        };
+        self.last_cr = false;
+        Some(m)
+    }
+
+    /// Forgets the message in progress (some of it was lost).
+    pub fn discard(&mut self) {
+        self.held = Held::Whole;
+        self.last_cr = false;
+        self.release();
+    }
+
+    /// Bytes currently held: for the tests and the fuzz target that check the memory bound.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn buffered_capacity(&self) -> usize {
+        self.buf.capacity()
+            + match &self.held {
+                Held::Ends(l) => l.head.capacity() + l.tail.capacity(),
+                Held::Whole | Held::Measured(_) => 0,
+            }
+    }
+
+    /// How a message made of `a` then `b` (its bytes so far) is kept.
+    fn keep_as(&self, a: &[u8], b: &[u8]) -> Keep {
+        let total = a.len() + b.len();
+        let l = &self.limits;
+        if total > l.whole
+            && starts_object(a, b)
+            && (total > l.catalog || !head_has_mark(a, b, l.head))
+        {
+            Keep::Ends
+        } else if total > self.cap {
+            Keep::Measured
+        } else {
+            Keep::Whole
+        }
+    }
+
+    fn finish(&mut self, line: bool, out: &mut impl FnMut(Split<'_>)) {
+        match std::mem::replace(&mut self.held, Held::Whole) {
+            Held::Whole => out(Split::Frame(if line {
+                trim_cr(&self.buf)
+            } else {
+                &self.buf
+            })),
+            Held::Ends(l) => l.finish(line, out),
+            Held::Measured(n) => out(Split::Oversize(n - u64::from(line && self.last_cr))),
+        }
+        self.last_cr = false;
+        self.release();
+    }
+
+    fn release(&mut self) {
+        self.buf.clear();
+        if self.buf.capacity() > self.keep {
+            self.buf = Vec::new();
+        }
+    }
+}
+
+/// Per-direction newline splitter: a [`MessageBuf`] ended at each newline.
+#[derive(Debug)]
+pub struct FrameSplitter {
+    msg: MessageBuf,
     /// Skipping the damaged remainder of a frame after a gap, up to the next newline.
     resync: bool,
 }
@@ -208,25 +477,11 @@ impl FrameSplitter {
         FrameSplitter::with_limits(cap, SUMMARIZE)
     }
 
-    /// [`FrameSplitter::new`] with explicit summary limits (tests use small ones). `whole` must
-    /// be at least `head + tail`, so the two never overlap.
+    /// [`FrameSplitter::new`] with explicit summary limits (tests use small ones), clamped as
+    /// [`MessageBuf::new`] says: `whole` is at least `head + tail`, so the two never overlap.
     pub fn with_limits(cap: usize, limits: Summarize) -> Self {
-        let cap = cap.max(1);
-        let head = limits.head.max(1);
-        let tail = limits.tail.max(1);
-        let whole = limits.whole.clamp(head + tail, cap.max(head + tail));
         FrameSplitter {
-            buf: Vec::new(),
-            cap,
-            limits: Summarize {
-                whole,
-                catalog: limits.catalog.clamp(whole, cap.max(whole)),
-                head,
-                tail,
-            },
-            oversize: None,
-            oversize_cr: false,
-            large: None,
+            msg: MessageBuf::new(cap, limits),
             resync: false,
         }
     }
@@ -244,24 +499,11 @@ impl FrameSplitter {
         mut out: impl FnMut(Split<'_>),
     ) {
         if after_gap {
-            self.buf.clear();
-            self.oversize = None;
-            self.large = None;
+            self.msg.discard();
             self.resync = true;
         }
-        if skipped > 0 && !self.resync {
-            if let Some(n) = self.oversize.as_mut() {
-                *n += skipped;
-                self.oversize_cr = false;
-            } else {
-                let mut l = match self.large.take() {
-                    Some(l) => l,
-                    None => Large::start(self.limits, &self.buf, &[]),
-                };
-                l.skip(skipped);
-                self.large = Some(l);
-                self.release();
-            }
+        if !self.resync {
+            self.msg.skip(skipped);
         }
         let mut rest = chunk;
         while !rest.is_empty() {
@@ -280,105 +522,27 @@ impl FrameSplitter {
                 }
                 continue;
             }
-            if let Some(n) = self.oversize.as_mut() {
-                *n += seg.len() as u64;
-                if let Some(&last) = seg.last() {
-                    self.oversize_cr = last == b'\r';
-                }
-                if complete {
-                    let total = *n - u64::from(self.oversize_cr);
-                    self.oversize = None;
-                    out(Split::Oversize(total));
-                }
-                continue;
-            }
-            if let Some(l) = self.large.as_mut() {
-                l.more(seg);
-                if complete {
-                    if let Some(l) = self.large.take() {
-                        l.finish(&mut out);
-                    }
-                }
-                continue;
-            }
-            let total = self.buf.len() + seg.len();
-            if total > self.limits.whole
-                && starts_object(&self.buf, seg)
-                && (total > self.limits.catalog || !head_has_mark(&self.buf, seg, self.limits.head))
-            {
-                let l = Large::start(self.limits, &self.buf, seg);
-                self.release();
-                if complete {
-                    l.finish(&mut out);
-                } else {
-                    self.large = Some(l);
-                }
-                continue;
-            }
-            if total > self.cap {
-                self.oversize_cr = seg.last().or(self.buf.last()) == Some(&b'\r');
-                self.oversize = Some(total as u64);
-                self.release();
-                if complete {
-                    let n = self.oversize.take().unwrap_or(0);
-                    out(Split::Oversize(n - u64::from(self.oversize_cr)));
-                }
-                continue;
-            }
-            if !complete {
-                self.buf.extend_from_slice(seg);
-                continue;
-            }
-            if self.buf.is_empty() {
-                // Common case: the whole frame is inside this chunk; no copy.
-                out(Split::Frame(trim_cr(seg)));
+            if complete {
+                self.msg.end(seg, true, &mut out);
             } else {
-                self.buf.extend_from_slice(seg);
-                out(Split::Frame(trim_cr(&self.buf)));
-                self.release();
+                self.msg.push(seg);
             }
         }
     }
 
     /// The direction closed: a last frame without a newline is complete now.
     pub fn flush(&mut self, mut out: impl FnMut(Split<'_>)) {
-        if self.resync {
-            self.resync = false;
-            self.buf.clear();
+        if std::mem::take(&mut self.resync) {
+            self.msg.discard();
             return;
         }
-        if let Some(n) = self.oversize.take() {
-            out(Split::Oversize(n - u64::from(self.oversize_cr)));
-            return;
-        }
-        if let Some(l) = self.large.take() {
-            l.finish(&mut out);
-            return;
-        }
-        if !self.buf.is_empty() {
-            let f = trim_cr(&self.buf);
-            if !f.is_empty() {
-                out(Split::Frame(f));
-            }
-        }
-        self.release();
+        self.msg.flush(true, &mut out);
     }
 
     /// Bytes currently held: for the tests and the fuzz target that check the memory bound.
     #[cfg(any(test, feature = "fuzzing"))]
     pub fn buffered_capacity(&self) -> usize {
-        self.buf.capacity()
-            + self
-                .large
-                .as_ref()
-                .map_or(0, |l| l.head.capacity() + l.tail.capacity())
-    }
-
-    fn release(&mut self) {
-        self.buf.clear();
-        if self.buf.capacity() > KEEP_BUFFER_BYTES {
-            self.buf = Vec::new();
-        }
+        self.msg.buffered_capacity()
     }
 }
 
@@ -516,6 +680,38 @@ mod tests {
             got[1],
             Ok(b"{\"jsonrpc\":\"2.0\",\"id\":10,\"result\":{}}".to_vec())
         );
+    }
+
+    /// Framed by something else than a newline (an HTTP body, an SSE event): every byte is the
+    /// message's, a trailing `\r\n` included, and a large object is still read from its ends.
+    #[test]
+    fn a_message_not_ended_by_a_newline_keeps_every_byte() {
+        let limits = Summarize {
+            whole: 1024,
+            catalog: 1024,
+            head: 128,
+            tail: 128,
+        };
+        let mut m = MessageBuf::new(DEFAULT_FRAME_CAP, limits);
+        assert_eq!(m.take(), None, "nothing started");
+        m.push(b"{\"id\":1}");
+        m.push(b"\r\n");
+        assert_eq!(m.take(), Some(Message::Frame(b"{\"id\":1}\r\n".to_vec())));
+        let mut big = big_result(4, 5000, true);
+        big.extend_from_slice(b"\r\n");
+        for piece in big.chunks(100) {
+            m.push(piece);
+        }
+        let Some(Message::Summary { skeleton, len }) = m.take() else {
+            panic!("a summary");
+        };
+        assert_eq!(len, big.len() as u64);
+        let v: serde_json::Value = serde_json::from_slice(&skeleton).expect("JSON");
+        assert_eq!(
+            (v["id"].as_u64(), v["result"]["isError"].as_bool()),
+            (Some(4), Some(true))
+        );
+        assert_eq!(m.take(), None, "ready for the next message");
     }
 
     #[test]

@@ -3,15 +3,19 @@
 //! Owns the per-exchange state the [`Observer`] needs: which correlation scope an exchange
 //! belongs to (one per `Mcp-Session-Id`, named by a keyed hash, [`SessionNamer`]; or one per
 //! POST when there is no session), the request body until it is complete, and the response body
-//! as JSON or as SSE events ([`super::sse`]). Goes in: [`ExchangeMsg`]s from the hand-off
-//! ([`crate::tap::http`]). Comes out: `on_request_body`, `on_frame`, `on_http_failure`,
+//! as JSON or as SSE events ([`super::sse`]). Bodies and events are kept as stdio lines are
+//! ([`MessageBuf`]): a JSON object over [`super::frame::WHOLE_FRAME_BYTES`] only by its first
+//! and last bytes, read as a skeleton, so a 20 MB tool result costs what a small one does and
+//! its size is still exact. Goes in: [`ExchangeMsg`]s from the hand-off
+//! ([`crate::tap::http`]). Comes out: `on_request_body`, `on_split`, `on_http_failure`,
 //! `end_unobserved`, `set_scope_session`, `end_scope` calls on the observer, which correlates
 //! and builds events as it does for stdio. It never touches the bytes the client or upstream
 //! see, never holds a raw session id past hashing it, and bounds every buffer it keeps.
 //!
 //! An answer it cannot read is never reported as a failure (DESIGN §2 invariant 10): when a 2xx
-//! response to a POST has no or another content type, is compressed, outgrows
-//! [`MAX_OBSERVED_BODY`], or lost messages on the channel, the calls of that POST still waiting
+//! response to a POST has no or another content type, is compressed, holds a message that cannot
+//! be read (not a JSON object and over [`MAX_OBSERVED_BODY`], or an object whose ends do not
+//! join), or lost messages on the channel, the calls of that POST still waiting
 //! when the exchange ends make no event and count as unobserved (`--debug` totals), as in stdio.
 //! A drop anywhere on the channel marks every exchange open at that moment, since the watcher
 //! cannot tell whose message was lost.
@@ -24,6 +28,7 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 use tokio::sync::mpsc::error::TryRecvError;
 
+use super::frame::{Message, MessageBuf, SUMMARIZE};
 use super::peek::RpcId;
 use super::sse::SseParser;
 use super::{EndCause, Observer, StreamId, TICK};
@@ -31,8 +36,10 @@ use crate::event::EventSink;
 use crate::tap::http::{BodyEnd, BodyKind, ExchangeMsg, ExchangeReceiver, ExchangeStats, ReqKind};
 use crate::tap::Direction;
 
-/// Largest JSON body (request, or `application/json` response) kept for parsing. Bodies up to
-/// 25 MB are relayed and observed; a larger one is relayed and counted, not parsed.
+/// Largest JSON body (request, or `application/json` response) held whole for parsing when it
+/// is not a JSON object (a batch): a larger one is relayed and counted, not parsed. A JSON
+/// object of any size is read from its ends ([`MessageBuf`]). Also bounds the answers held for
+/// a request not yet handed to the observer.
 pub const MAX_OBSERVED_BODY: usize = 32 * 1024 * 1024;
 
 /// Exchanges tracked at once. If an end message was dropped (full channel), the oldest
@@ -85,7 +92,7 @@ impl SessionNamer {
 /// How a response body is read for observation.
 enum RespBody {
     Json {
-        buf: Vec<u8>,
+        body: MessageBuf,
         usable: bool,
     },
     Sse(SseParser),
@@ -100,8 +107,11 @@ struct Exchange {
     scope: Option<StreamId>,
     /// The scope lives only as long as this exchange (no session).
     own_scope: bool,
-    req: Vec<u8>,
+    /// The request body so far, as the observer will read it.
+    req: MessageBuf,
     req_usable: bool,
+    /// The request body once complete, until it is handed to the observer.
+    req_msg: Option<Message>,
     req_done: Option<Instant>,
     /// The request frame has been handed to the observer (or given up on).
     req_fed: bool,
@@ -109,7 +119,7 @@ struct Exchange {
     resp: Option<RespBody>,
     /// Response messages parsed before the request was fed; replayed right after it, so the
     /// observer always sees a request before its response.
-    pending: Vec<(Instant, Vec<u8>)>,
+    pending: Vec<(Instant, Message)>,
     pending_bytes: usize,
     /// The ids of the `tools/call` requests the request body started.
     calls: Vec<RpcId>,
@@ -126,7 +136,7 @@ pub struct HttpTotals {
     pub compressed_bodies: u64,
     /// Exchanges forgotten to make room (`MAX_EXCHANGES` open at once): an end message was lost.
     pub evicted: u64,
-    /// SSE events skipped for carrying more than [`super::sse::MAX_EVENT_DATA`] of data.
+    /// SSE events whose data could not be read (see [`super::sse::SseStats::oversized`]).
     pub oversized_events: u64,
 }
 
@@ -246,8 +256,9 @@ impl<S: EventSink> Watcher<S> {
                         req_session: session,
                         scope: None,
                         own_scope: false,
-                        req: Vec::new(),
+                        req: MessageBuf::new(MAX_OBSERVED_BODY, SUMMARIZE),
                         req_usable: kind == ReqKind::Post,
+                        req_msg: None,
                         req_done: None,
                         req_fed: kind != ReqKind::Post,
                         status: None,
@@ -358,7 +369,7 @@ impl<S: EventSink> Watcher<S> {
         // The relay copied this body's chunks only if it is `Json` or `Sse`, by the same rule.
         let body = match BodyKind::of(content_type.as_ref(), content_encoding.as_ref()) {
             BodyKind::Json => RespBody::Json {
-                buf: Vec::new(),
+                body: MessageBuf::new(MAX_OBSERVED_BODY, SUMMARIZE),
                 usable: true,
             },
             BodyKind::Sse => RespBody::Sse(SseParser::new()),
@@ -419,27 +430,36 @@ impl<S: EventSink> Watcher<S> {
             return;
         };
         x.req_fed = true;
-        let req = std::mem::take(&mut x.req);
-        let usable = x.req_usable && !req.is_empty();
+        // What is read of the request: the body whole, or the skeleton of a large object.
+        let req = match x.req_msg.take() {
+            Some(Message::Frame(b)) if x.req_usable => Some(Message::Frame(b)),
+            Some(m @ Message::Summary { .. }) if x.req_usable => Some(m),
+            _ => None,
+        };
         let pending = std::mem::take(&mut x.pending);
         x.pending_bytes = 0;
         let status = x.status;
         let kind = x.kind;
-        if usable {
-            let calls = self.observer.on_request_body(scope, seen, &req);
+        if let Some(req) = &req {
+            let calls = self.observer.on_request_body(scope, seen, req.as_split());
             if let Some(x) = self.exchanges.get_mut(&ex) {
                 x.calls = calls;
             }
         } else if kind == ReqKind::Post {
             self.totals.unparsed_bodies += 1;
         }
-        for (t, frame) in pending {
+        for (t, m) in pending {
             self.observer
-                .on_frame(scope, Direction::ServerToClient, t, &frame);
+                .on_split(scope, Direction::ServerToClient, t, m.as_split());
         }
         if let Some(status) = status.filter(|s| !is_2xx(*s)) {
-            if usable {
-                self.observer.on_http_failure(scope, &req, status, seen);
+            let read = match &req {
+                Some(Message::Frame(b)) => Some(&b[..]),
+                Some(Message::Summary { skeleton, .. }) => Some(&skeleton[..]),
+                _ => None,
+            };
+            if let Some(read) = read {
+                self.observer.on_http_failure(scope, read, status, seen);
             }
         }
     }
@@ -453,15 +473,15 @@ impl<S: EventSink> Watcher<S> {
                 if !x.req_usable || x.req_fed {
                     return;
                 }
-                if gap || x.req.len() + bytes.len() > MAX_OBSERVED_BODY {
+                if gap {
                     x.req_usable = false;
-                    x.req = Vec::new();
+                    x.req.discard();
                 } else {
-                    x.req.extend_from_slice(bytes);
+                    x.req.push(bytes);
                 }
             }
             Direction::ServerToClient => {
-                let mut frames: Vec<Vec<u8>> = Vec::new();
+                let mut msgs: Vec<Message> = Vec::new();
                 match &mut x.resp {
                     None => {
                         // A body without a head: the head was dropped.
@@ -469,16 +489,16 @@ impl<S: EventSink> Watcher<S> {
                         return;
                     }
                     Some(RespBody::Ignored) => return,
-                    Some(RespBody::Json { buf, usable }) => {
+                    Some(RespBody::Json { body, usable }) => {
                         if !*usable {
                             return;
                         }
-                        if gap || buf.len() + bytes.len() > MAX_OBSERVED_BODY {
+                        if gap {
                             *usable = false;
-                            *buf = Vec::new();
+                            body.discard();
                             x.answers_lost = true;
                         } else {
-                            buf.extend_from_slice(bytes);
+                            body.push(bytes);
                         }
                         return;
                     }
@@ -488,32 +508,41 @@ impl<S: EventSink> Watcher<S> {
                             x.answers_lost = true;
                         }
                         let oversized = p.stats.oversized;
-                        p.feed(bytes, &mut |data| frames.push(data.to_vec()));
+                        // Owned: an event may wait for its request (see `s2c_message`); of a
+                        // large one only its skeleton is kept.
+                        p.feed(bytes, &mut |s| msgs.push(s.to_message()));
                         self.totals.oversized_events += p.stats.oversized - oversized;
                     }
                 }
-                for f in frames {
-                    self.s2c_frame(ex, seen, f);
+                for m in msgs {
+                    self.s2c_message(ex, seen, m);
                 }
             }
         }
     }
 
-    fn s2c_frame(&mut self, ex: u64, seen: Instant, frame: Vec<u8>) {
+    /// One server→client message (a JSON body, an SSE event's data), as [`MessageBuf`] kept it.
+    fn s2c_message(&mut self, ex: u64, seen: Instant, msg: Message) {
         let Some(x) = self.exchanges.get_mut(&ex) else {
             return;
         };
+        if matches!(msg, Message::Oversize(_)) {
+            // It may have been the answer: calls still waiting at the end are unobserved.
+            x.answers_lost = true;
+        }
         match x.scope {
             Some(scope) if x.req_fed => {
                 self.observer
-                    .on_frame(scope, Direction::ServerToClient, seen, &frame);
+                    .on_split(scope, Direction::ServerToClient, seen, msg.as_split());
             }
             _ => {
                 // Bounded: a request that never completes cannot make us hold its stream.
-                if x.pending_bytes + frame.len() <= MAX_OBSERVED_BODY {
-                    x.pending_bytes += frame.len();
-                    x.pending.push((seen, frame));
+                let n = msg.held_bytes();
+                if x.pending_bytes + n <= MAX_OBSERVED_BODY {
+                    x.pending_bytes += n;
+                    x.pending.push((seen, msg));
                 } else {
+                    x.answers_lost = true;
                     self.totals.unparsed_bodies += 1;
                 }
             }
@@ -530,6 +559,7 @@ impl<S: EventSink> Watcher<S> {
                 if !complete {
                     x.req_usable = false;
                 }
+                x.req_msg = if x.req_usable { x.req.take() } else { None };
                 x.req_done = Some(seen);
                 if x.scope.is_some() {
                     self.feed_request(ex);
@@ -540,11 +570,20 @@ impl<S: EventSink> Watcher<S> {
                     // A body ended whose head never came: the head was dropped.
                     x.answers_lost = true;
                 }
-                if let Some(RespBody::Json { buf, usable }) = x.resp.take() {
-                    if usable && complete && !buf.is_empty() {
-                        self.s2c_frame(ex, seen, buf);
+                if let Some(RespBody::Json { mut body, usable }) = x.resp.take() {
+                    let read = if usable && complete {
+                        body.take()
                     } else {
-                        self.totals.unparsed_bodies += 1;
+                        None
+                    };
+                    match read {
+                        Some(m) => {
+                            if matches!(m, Message::Oversize(_)) {
+                                self.totals.unparsed_bodies += 1;
+                            }
+                            self.s2c_message(ex, seen, m);
+                        }
+                        None => self.totals.unparsed_bodies += 1,
                     }
                 }
                 // A client that went away cancelled what it was waiting for; an upstream that
@@ -705,6 +744,213 @@ mod tests {
                 exchange(ct, vec![chunk(s2c, head, false), chunk(s2c, tail, true)]);
             assert!(events.is_empty(), "{ct}: {events:?}");
             assert_eq!(stats.unobserved, 1, "{ct}");
+        }
+    }
+
+    /// A `tools/call` result with `n` bytes of text, in the TypeScript SDK's field order (`id`
+    /// last, after `isError`).
+    fn big_answer(n: usize, is_error: bool) -> Vec<u8> {
+        format!(
+            r#"{{"result":{{"content":[{{"type":"text","text":"{}"}}],"isError":{is_error}}},"jsonrpc":"2.0","id":1}}"#,
+            "r".repeat(n)
+        )
+        .into_bytes()
+    }
+
+    /// `message` as the body of a `content_type` answer: itself, or one SSE event.
+    fn as_body(content_type: &str, message: &[u8]) -> Vec<u8> {
+        if content_type == "application/json" {
+            return message.to_vec();
+        }
+        let mut sse = b": ping\r\n\r\nevent: message\r\ndata: ".to_vec();
+        sse.extend_from_slice(message);
+        sse.extend_from_slice(b"\r\n\r\n");
+        sse
+    }
+
+    const CONTENT_TYPES: [&str; 2] = ["application/json", "text/event-stream"];
+
+    /// Bytes the watcher holds for exchange `ex`'s request and response bodies.
+    fn held(w: &Watcher<Vec<Event>>, ex: u64) -> usize {
+        let Some(x) = w.exchanges.get(&ex) else {
+            return 0;
+        };
+        x.req.buffered_capacity()
+            + match x.resp.as_ref() {
+                Some(RespBody::Json { body, .. }) => body.buffered_capacity(),
+                Some(RespBody::Sse(p)) => p.buffered_capacity(),
+                _ => 0,
+            }
+    }
+
+    /// Most the watcher may hold of an exchange's bodies: a buffer grown to the summary
+    /// threshold (twice, at worst, by doubling), then the head and tail.
+    const HELD: usize = 2 * super::super::frame::WHOLE_FRAME_BYTES + 64 * 1024;
+
+    /// One POST exchange `ex`: `request`, answered `status` with `content_type` and `answer`,
+    /// both bodies cut in 64 KiB chunks; checks after each that the watcher holds at most
+    /// `bound` bytes of them.
+    fn round(
+        w: &mut Watcher<Vec<Event>>,
+        ex: u64,
+        request: &[u8],
+        (status, content_type): (u16, &'static str),
+        answer: &[u8],
+        bound: usize,
+    ) {
+        let chunks = |dir, body: &[u8]| -> Vec<ExchangeMsg> {
+            body.chunks(64 * 1024)
+                .map(|c| ExchangeMsg::Chunk {
+                    ex,
+                    dir,
+                    seen: Instant::now(),
+                    bytes: Bytes::copy_from_slice(c),
+                    after_gap: false,
+                })
+                .collect()
+        };
+        let end = |dir| ExchangeMsg::End {
+            ex,
+            dir,
+            seen: Instant::now(),
+            how: BodyEnd::Complete,
+        };
+        w.handle(ExchangeMsg::Request {
+            ex,
+            kind: ReqKind::Post,
+            session: None,
+        });
+        for m in chunks(Direction::ClientToServer, request) {
+            w.handle(m);
+            assert!(held(w, ex) <= bound);
+        }
+        w.handle(end(Direction::ClientToServer));
+        w.handle(ExchangeMsg::Response {
+            ex,
+            status,
+            session: None,
+            content_type: Some(HeaderValue::from_static(content_type)),
+            content_encoding: None,
+            seen: Instant::now(),
+        });
+        for m in chunks(Direction::ServerToClient, answer) {
+            w.handle(m);
+            assert!(held(w, ex) <= bound, "{content_type}");
+        }
+        w.handle(end(Direction::ServerToClient));
+    }
+
+    /// A 4 MB result, as a JSON body and as one SSE event, is read from its ends: its
+    /// `isError` (in its last bytes) gives the status, its size is exact, and the watcher never
+    /// holds more than the summary threshold of it.
+    #[test]
+    fn a_large_answer_is_read_from_its_ends() {
+        let answer = big_answer(4_000_000, true);
+        for ct in CONTENT_TYPES {
+            let mut w = watcher();
+            round(&mut w, 1, CALL, (200, ct), &as_body(ct, &answer), HELD);
+            let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+            assert_eq!(events.len(), 1, "{ct}");
+            assert_eq!(events[0].status, 500, "{ct}");
+            assert_eq!(events[0].bytes.resp, answer.len() as u64, "{ct}");
+            assert_eq!(events[0].bytes.req, CALL.len() as u64, "{ct}");
+            assert_eq!((stats.summarized, stats.unobserved), (1, 0), "{ct}");
+        }
+    }
+
+    /// A large request (an upload in the arguments, `id` last) is read from its ends too: the
+    /// call is known, and a failed POST ends it with the upstream's status.
+    #[test]
+    fn a_large_request_is_read_from_its_ends() {
+        let call = format!(
+            r#"{{"method":"tools/call","params":{{"name":"upload","arguments":{{"blob":"{}"}}}},"jsonrpc":"2.0","id":1}}"#,
+            "b".repeat(1_000_000)
+        );
+        for (status, answer) in [(200, ANSWER), (503, &b""[..])] {
+            let mut w = watcher();
+            let head = (status, "application/json");
+            round(&mut w, 1, call.as_bytes(), head, answer, HELD);
+            let (_, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+            assert_eq!(events.len(), 1, "{status}");
+            assert_eq!(events[0].rec.action, "upload");
+            assert_eq!(events[0].status, status);
+            assert_eq!(events[0].bytes.req, call.len() as u64);
+        }
+    }
+
+    /// As in stdio, a `tools/list` answer over the summary threshold is read whole up to the
+    /// catalog limit, so the calls after it carry the catalog's version; a larger one is read
+    /// from its ends, and the calls after it carry none.
+    #[test]
+    fn a_catalog_is_read_whole_up_to_the_catalog_limit() {
+        use super::super::frame::{CATALOG_FRAME_BYTES, WHOLE_FRAME_BYTES};
+        let list = |id: u64, desc: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"echo","description":"{desc}","inputSchema":{{"type":"object"}}}}]}}}}"#
+            )
+        };
+        for ct in CONTENT_TYPES {
+            let mut w = watcher();
+            let pages = [
+                "c".repeat(WHOLE_FRAME_BYTES + 10),
+                "d".repeat(CATALOG_FRAME_BYTES + 10),
+            ];
+            for (i, desc) in (0u64..).zip(&pages) {
+                let ask = br#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+                let page = list(1, desc);
+                let page = as_body(ct, page.as_bytes());
+                round(
+                    &mut w,
+                    2 * i + 1,
+                    ask,
+                    (200, ct),
+                    &page,
+                    2 * CATALOG_FRAME_BYTES,
+                );
+                round(
+                    &mut w,
+                    2 * i + 2,
+                    CALL,
+                    (200, ct),
+                    &as_body(ct, ANSWER),
+                    HELD,
+                );
+            }
+            let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+            assert_eq!(
+                stats.summarized, 1,
+                "{ct}: only the page over the catalog limit"
+            );
+            let versions: Vec<_> = events.iter().map(|e| &e.rec.registry_version).collect();
+            assert!(versions[0].is_some(), "{ct}: the page was read whole");
+            assert_eq!(
+                versions[1], &None,
+                "{ct}: a catalog seen in part has no version"
+            );
+        }
+    }
+
+    /// An answer whose ends do not join into JSON cannot be read: the call it answers makes no
+    /// event (a 504 would be false) and is counted as unobserved, as JSON and as SSE.
+    #[test]
+    fn an_unreadable_large_answer_makes_the_call_unobserved() {
+        let broken = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":"{}"#,
+            "u".repeat(400_000)
+        );
+        for ct in CONTENT_TYPES {
+            let mut w = watcher();
+            round(
+                &mut w,
+                1,
+                CALL,
+                (200, ct),
+                &as_body(ct, broken.as_bytes()),
+                HELD,
+            );
+            let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+            assert!(events.is_empty(), "{ct}: {events:?}");
+            assert_eq!((stats.unobserved, stats.oversize), (1, 1), "{ct}");
         }
     }
 

@@ -2,26 +2,30 @@
 //! `tools/call`.
 //!
 //! Goes in: copies of the bytes the relay forwarded, with the relay's timestamps — as tap chunks
-//! ([`run_tap_observer`], stdio) or as whole frames ([`Observer::on_frame`], HTTP bodies and SSE
-//! data). Comes out: finished events, handed to an [`crate::event::EventSink`] (the reporter's
-//! queue), plus [`ObserverStats`]. It runs on its own task, off the relay path, and must never
-//! block or slow the relay, never panic on what it reads, and never put a request or response
-//! value into an event except allow-listed scalar arguments that passed the privacy layers.
+//! ([`run_tap_observer`], stdio) or as messages ([`Observer::on_split`], HTTP bodies and SSE
+//! data, kept by [`frame::MessageBuf`]). Comes out: finished events, handed to an
+//! [`crate::event::EventSink`] (the reporter's queue), plus [`ObserverStats`]. It runs on its own
+//! task, off the relay path, and must never block or slow the relay, never panic on what it
+//! reads, and never put a request or response value into an event except allow-listed scalar
+//! arguments that passed the privacy layers.
 //!
-//! The journey inside, a file each: [`frame`] splits chunks into frames (bounded by
-//! [`frame::DEFAULT_FRAME_CAP`]) and batches into elements, [`summary`] reads a frame too large
-//! to hold whole from its ends, [`peek`] reads the few fields needed with borrowed types,
-//! `observer.rs` ([`Observer`]) takes each message in and counts what it cannot read,
-//! [`correlate`] matches responses to requests by (scope, direction, id) and keeps the actions,
-//! [`outcome`] maps how an action ended to status, class and `err`, `assemble.rs` builds the
-//! event, [`catalog`] fingerprints `tools/list`; `stdio.rs` ([`run_tap_observer`]) drives it all
-//! from the stdio tap, with its reorder window and its pacing.
+//! The journey inside, a file each: [`frame`] decides what of a message is kept, whatever frames
+//! it, splits stdio chunks into frames (bounded by [`frame::DEFAULT_FRAME_CAP`]) and batches
+//! into elements, [`summary`] reads a message too large to hold whole from its ends, [`peek`]
+//! reads the few fields needed with borrowed types, `observer.rs` ([`Observer`]) takes each
+//! message in and counts what it cannot read, [`correlate`] matches responses to requests by
+//! (scope, direction, id) and keeps the actions, [`outcome`] maps how an action ended to status,
+//! class and `err`, `assemble.rs` builds the event, [`catalog`] fingerprints `tools/list`;
+//! `stdio.rs` ([`run_tap_observer`]) drives it all from the stdio tap, with its reorder window
+//! and its pacing, and [`http`] from the HTTP hand-off.
 //!
 //! Memory: the tap's byte budget ([`crate::tap::TAP_BUDGET_BYTES`]) of chunks not yet split,
 //! one frame per direction up to the cap (64 MiB), a copy of an assembled frame only while it
 //! waits in the reorder window (a frame nothing can overtake is observed in place), at most
 //! [`EARLY_RESPONSE_BYTES`] of early responses, and per open request a small record; requests
-//! other than `tools/call` are forgotten after the call timeout.
+//! other than `tools/call` are forgotten after the call timeout. HTTP: the hand-off's messages
+//! ([`crate::tap::http::EXCHANGE_CAPACITY`]), and per open exchange what [`frame::MessageBuf`]
+//! keeps of its request and of the answer in progress (a large JSON object: 32 KiB or so).
 
 pub mod catalog;
 pub mod correlate;

@@ -18,7 +18,7 @@ use crate::tap::Direction;
 use super::assemble::{clean, clear_session_id, dest_host, ScopeInfo, MAX_INFO_LEN};
 use super::catalog::Catalog;
 use super::correlate::{Action, ActionState, Early, Key, OpenRequests, Pending, PendingKind};
-use super::frame::split_batch;
+use super::frame::{split_batch, Split};
 use super::outcome::Outcome;
 use super::peek::{peek, Lenient, PeekError, RpcId};
 use super::{EndCause, ObserverConfig, ObserverStats, StreamId};
@@ -185,6 +185,18 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
+    /// What [`super::frame::MessageBuf`] kept of one message: [`Observer::on_frame`],
+    /// [`Observer::on_summary_frame`] or [`Observer::on_oversize_frame`].
+    pub fn on_split(&mut self, stream: StreamId, dir: Direction, seen: Instant, msg: Split<'_>) {
+        match msg {
+            Split::Frame(f) => self.on_frame(stream, dir, seen, f),
+            Split::Summary { skeleton, len } => {
+                self.on_summary_frame(stream, dir, seen, skeleton, len)
+            }
+            Split::Oversize(n) => self.on_oversize_frame(dir, n),
+        }
+    }
+
     /// A JSON object frame of `len` bytes, too large to hold whole, seen as the `skeleton` built
     /// from its first and last bytes (see [`super::summary`]).
     pub fn on_summary_frame(
@@ -220,8 +232,9 @@ impl<S: EventSink> Observer<S> {
 
     /// HTTP: the upstream answered the POST carrying `request_body` with a non-2xx status, or
     /// could not be reached (the proxy passes 502): every `tools/call` request in that body that
-    /// has no response yet ends with `status`. The body must have been passed to
-    /// [`Observer::on_frame`] first (that is when the request was seen).
+    /// has no response yet ends with `status`. The body (or the skeleton of a large one) must
+    /// have been passed to [`Observer::on_request_body`] first (that is when the request was
+    /// seen).
     pub fn on_http_failure(
         &mut self,
         scope: StreamId,
@@ -252,12 +265,17 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
-    /// HTTP: a request body, observed as [`Observer::on_frame`] observes it; returns the ids of
+    /// HTTP: a request body, observed as [`Observer::on_split`] observes it; returns the ids of
     /// the `tools/call` requests in it now waiting for an answer, for
     /// [`Observer::end_unobserved`] should that answer turn out unreadable.
-    pub fn on_request_body(&mut self, scope: StreamId, seen: Instant, body: &[u8]) -> Vec<RpcId> {
+    pub fn on_request_body(
+        &mut self,
+        scope: StreamId,
+        seen: Instant,
+        body: Split<'_>,
+    ) -> Vec<RpcId> {
         self.started_calls = Some(Vec::new());
-        self.on_frame(scope, Direction::ClientToServer, seen, body);
+        self.on_split(scope, Direction::ClientToServer, seen, body);
         self.started_calls.take().unwrap_or_default()
     }
 

@@ -21,9 +21,11 @@ use tokio::sync::mpsc;
 
 use super::Direction;
 
-/// Messages in flight between the forwarding path and the observation task. A body chunk is
-/// whatever hyper read (at most its ~400 KiB read buffer, usually 8–64 KiB), so a lagging
-/// observer holds tens of MiB at worst; past that the forwarding path drops and counts.
+/// Messages in flight between the forwarding path and the observation task. A body chunk is one
+/// read, and holds the buffer it was read into until observed: an answer's at most 64 KiB (the
+/// upstream connections' exact read size, `crate::proxy::http`), a request's at most hyper's
+/// ~400 KiB. So a lagging observer holds at most 16 MiB of answers (up to ~100 MiB only while
+/// large uploads stream in); past that the forwarding path drops and counts.
 pub const EXCHANGE_CAPACITY: usize = 256;
 
 /// The HTTP method of an exchange, as far as observation cares.
