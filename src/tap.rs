@@ -15,6 +15,7 @@
 //! Must never block, never parse JSON, never log per chunk.
 
 pub mod http;
+pub mod large;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,9 +26,9 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use crate::lock::lock;
-use crate::observe::frame::{head_has_mark, Summarize, CATALOG_MARK, SUMMARIZE};
+use large::{head_has_mark, Summarize, CATALOG_MARK, SUMMARIZE};
 #[cfg(doc)]
-use crate::observe::frame::{CATALOG_FRAME_BYTES, SUMMARY_HEAD, SUMMARY_TAIL, WHOLE_FRAME_BYTES};
+use large::{CATALOG_FRAME_BYTES, SUMMARY_HEAD, SUMMARY_TAIL, WHOLE_FRAME_BYTES};
 
 /// Which way a message travels. Correlation is keyed by direction and id (DESIGN §2a).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
