@@ -15,9 +15,10 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -44,13 +45,26 @@ pub enum Note {
 /// [`BlockStock`].
 pub struct TapSlot {
     tx: Mutex<Option<TapSender>>,
+    /// Bytes were read and announced ([`TapSlot::begin`]) and are not offered or settled yet.
+    /// Only changed with `tx` locked.
+    forwarding: AtomicBool,
+    /// Signalled when `forwarding` ends, for [`TapSlot::close`].
+    handed: Condvar,
     pub stock: BlockStock,
 }
+
+/// How long [`TapSlot::close`] waits for bytes its relay thread already forwarded to be offered.
+/// The thread is runnable then (typically the server it just woke preempted it between its
+/// write and its hand-off), so this takes microseconds; the bound only matters for a write
+/// that never returns (a server stuck in the kernel with its stdin pipe full).
+const HAND_OFF_WAIT: Duration = Duration::from_millis(100);
 
 impl TapSlot {
     pub fn new(tx: TapSender) -> Arc<Self> {
         Arc::new(TapSlot {
             tx: Mutex::new(Some(tx)),
+            forwarding: AtomicBool::new(false),
+            handed: Condvar::new(),
             stock: BlockStock::default(),
         })
     }
@@ -61,6 +75,7 @@ impl TapSlot {
             if let Some(tx) = guard.as_mut() {
                 tx.offer(seen, chunk);
             }
+            self.handed_over();
         }
     }
 
@@ -68,6 +83,7 @@ impl TapSlot {
     fn begin(&self) {
         if let Ok(guard) = self.tx.lock() {
             if let Some(tx) = guard.as_ref() {
+                self.forwarding.store(true, Ordering::Relaxed);
                 tx.begin();
             }
         }
@@ -79,14 +95,29 @@ impl TapSlot {
             if let Some(tx) = guard.as_ref() {
                 tx.settle();
             }
+            self.handed_over();
         }
     }
 
-    /// Sends this direction's EOF marker and drops the sender. Idempotent.
+    /// Ends a forward; call with `tx` locked.
+    fn handed_over(&self) {
+        if self.forwarding.swap(false, Ordering::Relaxed) {
+            self.handed.notify_all();
+        }
+    }
+
+    /// Sends this direction's EOF marker and drops the sender, once bytes the relay thread has
+    /// already forwarded are offered (else the observer would never see what the server got:
+    /// bounded by [`HAND_OFF_WAIT`]). Idempotent.
     pub fn close(&self, seen: Instant) {
-        let tx = match self.tx.lock() {
-            Ok(mut guard) => guard.take(),
-            Err(poisoned) => poisoned.into_inner().take(),
+        let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let forwarding = |_: &mut Option<TapSender>| self.forwarding.load(Ordering::Relaxed);
+        let tx = match self
+            .handed
+            .wait_timeout_while(guard, HAND_OFF_WAIT, forwarding)
+        {
+            Ok((mut guard, _)) => guard.take(),
+            Err(poisoned) => poisoned.into_inner().0.take(),
         };
         if let Some(tx) = tx {
             tx.close(seen);
@@ -439,5 +470,37 @@ mod tests {
         }
         assert!(stock.len() < 2, "a fresh block came from the stock");
         assert!(held.iter().all(|c| c.iter().all(|&b| b == b'y')));
+    }
+
+    /// A relay thread preempted between its write and its hand-off (by the server it just woke,
+    /// which then exits) must not lose those bytes to the session closing the slot meanwhile:
+    /// the server got them, so the observer must see them.
+    #[test]
+    fn closing_waits_for_bytes_already_forwarded() {
+        use crate::tap::{Drained, TapMsg};
+        let (c2s, _s2c, mut rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
+        let slot = TapSlot::new(c2s);
+        slot.begin();
+        let relay = {
+            let slot = slot.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                slot.offer(Instant::now(), Bytes::from_static(b"{\"id\":1}\n"));
+            })
+        };
+        slot.close(Instant::now());
+        relay.join().expect("relay thread");
+        let mut out = std::collections::VecDeque::new();
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        assert!(
+            matches!(out.pop_front(), Some(TapMsg::Chunk(c)) if &c.bytes[..] == b"{\"id\":1}\n")
+        );
+        assert!(matches!(out.pop_front(), Some(TapMsg::Closed { .. })));
+        // Nothing announced: closing does not wait.
+        let (c2s, _s2c, _rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
+        let slot = TapSlot::new(c2s);
+        let t0 = Instant::now();
+        slot.close(t0);
+        assert!(t0.elapsed() < HAND_OFF_WAIT);
     }
 }
