@@ -7,9 +7,9 @@
 //! filled parts it gives to the tap as they are: the bytes written onward are the bytes the
 //! observer gets, with no copy (a copy per chunk cost the relay thread ~40 % more CPU per MB).
 //! Writes go out with `write_all` on an unbuffered descriptor (no `BufWriter`, no `LineWriter`
-//! holding a partial line). Observed, fresh blocks come first from a [`BlockStock`] the session
-//! fills before traffic starts, so a burst that outruns the observer does not page-fault on this
-//! path. Must never parse, log per chunk, allocate when unobserved, or wait on the observer.
+//! holding a partial line). Observed, fresh blocks come first from a [`BlockStock`] written
+//! ahead off this path, so a burst that outruns the observer does not page-fault here. Must
+//! never parse, log per chunk, allocate when unobserved, or wait on the observer.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -50,7 +50,7 @@ pub struct TapSlot {
     forwarding: AtomicBool,
     /// Signalled when `forwarding` ends, for [`TapSlot::close`].
     handed: Condvar,
-    pub stock: BlockStock,
+    pub stock: Arc<BlockStock>,
 }
 
 /// How long [`TapSlot::close`] waits for bytes its relay thread already forwarded to be offered.
@@ -60,12 +60,12 @@ pub struct TapSlot {
 const HAND_OFF_WAIT: Duration = Duration::from_millis(100);
 
 impl TapSlot {
-    pub fn new(tx: TapSender) -> Arc<Self> {
+    pub fn new(tx: TapSender, stock: Arc<BlockStock>) -> Arc<Self> {
         Arc::new(TapSlot {
             tx: Mutex::new(Some(tx)),
             forwarding: AtomicBool::new(false),
             handed: Condvar::new(),
-            stock: BlockStock::default(),
+            stock,
         })
     }
 
@@ -166,23 +166,24 @@ const MIN_READ: usize = 16 * 1024;
 /// [`STOCK_BLOCKS`], so every stocked block stays in use once taken.
 const POOL_BLOCKS: usize = STOCK_BLOCKS;
 
-/// Blocks per observed direction the session faults in before traffic starts (see
-/// [`BlockStock`]): 2 × 32 × 64 KiB = 4 MiB, half the tap's byte budget
-/// (`crate::tap::TAP_BUDGET_BYTES`) and about what a burst of 20,000 small calls leaves queued
-/// while the observer waits for the CPU.
+/// Blocks per observed direction written ahead (see [`BlockStock`]): 2 × 32 × 64 KiB = 4 MiB,
+/// half the tap's byte budget (`crate::tap::TAP_BUDGET_BYTES`) and about what a burst of 20,000
+/// small calls leaves queued while the observer waits for the CPU.
 pub const STOCK_BLOCKS: usize = 32;
 
-/// Read blocks for one observed direction, allocated and written through before traffic starts
-/// ([`BlockStock::fill`], on the session's own thread between spawning the server and starting
-/// the relay: filled while traffic flowed, on a shared CPU, it competed with the first burst at
-/// the relay's priority; filled before the spawn's fork, its pages were copy-on-write after it).
+/// Read blocks for one observed direction, allocated and written through ahead of need
+/// ([`BlockStock::fill`]) by a thread other than the relay's: the wiring has the observer's
+/// thread fill them in its first idle moments (idle class, so never at the relay's or the
+/// starting server's expense; written on the relay's path before it started, they delayed a
+/// session's first byte by ~1.5–2.5 ms; written before the spawn's fork, their pages were
+/// copy-on-write after it).
 /// When a burst outruns the observer, every block the tap still holds is in use and the relay
 /// needs fresh ones; a fresh block's pages are then first touched by `read(2)`, one page fault
 /// per 4 KiB (~1.5 µs on the VMs we measure on): 30 faults per 1,000 pipelined calls on the
-/// client→server thread, close to half its CPU in such a burst. The relay takes a stocked block only when no pooled
-/// one is free, so the pool's few hot blocks keep serving steady traffic and large frames, and
-/// a stocked block, once taken, stays in the pool for later bursts. The price is this memory
-/// from the start of every observed session.
+/// client→server thread, close to half its CPU in such a burst. The relay takes a stocked block
+/// only when no pooled one is free, so the pool's few hot blocks keep serving steady traffic and
+/// large frames, and a stocked block, once taken, stays in the pool for later bursts. The price
+/// is this memory in every observed session that lasts long enough for the fill.
 #[derive(Default)]
 pub struct BlockStock(Mutex<Vec<BytesMut>>);
 
@@ -324,7 +325,7 @@ pub fn client_to_server<W: Write + AsFd>(
     let mut buf = ReadBuf::new(tap.is_some());
     let mut output = Some(output);
     loop {
-        let n = match buf.read(&mut input, tap.as_ref().map(|t| &t.stock)) {
+        let n = match buf.read(&mut input, tap.as_ref().map(|t| &*t.stock)) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -364,7 +365,7 @@ pub fn server_to_client<R: Read + AsFd>(
 ) {
     let mut buf = ReadBuf::new(tap.is_some());
     let note = loop {
-        let n = match buf.read(&mut input, tap.as_ref().map(|t| &t.stock)) {
+        let n = match buf.read(&mut input, tap.as_ref().map(|t| &*t.stock)) {
             Ok(0) | Err(_) => break Note::ServerEof,
             Ok(n) => n,
         };
@@ -479,7 +480,7 @@ mod tests {
     fn closing_waits_for_bytes_already_forwarded() {
         use crate::tap::{Drained, TapMsg};
         let (c2s, _s2c, mut rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-        let slot = TapSlot::new(c2s);
+        let slot = TapSlot::new(c2s, Arc::default());
         slot.begin();
         let relay = {
             let slot = slot.clone();
@@ -498,7 +499,7 @@ mod tests {
         assert!(matches!(out.pop_front(), Some(TapMsg::Closed { .. })));
         // Nothing announced: closing does not wait.
         let (c2s, _s2c, _rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-        let slot = TapSlot::new(c2s);
+        let slot = TapSlot::new(c2s, Arc::default());
         let t0 = Instant::now();
         slot.close(t0);
         assert!(t0.elapsed() < HAND_OFF_WAIT);
