@@ -340,6 +340,7 @@ fn observe_stdio(
     let pool_shared = shared.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .thread_name("observe-mcp")
         .on_thread_start(move || {
             // The blocking pool (file sink writes) runs below the relay too.
             if lower {
@@ -405,19 +406,21 @@ fn observe_stdio(
 }
 
 /// Writes the relay's block stocks (see [`BlockStock`]) on the observer's thread, a block at a
-/// time, letting the observer run in between; stops when the session ends. Starts once traffic
+/// time and only while the observer has nothing to do, so it never delays observation (nor,
+/// at the end of a short session, the exit); stops when the session ends. Not before traffic
 /// flows: the server has been spawned by then, and blocks written before the spawn's fork would
 /// be copy-on-write after it, a fault per page again.
 async fn fill_stock(stocks: [Arc<BlockStock>; 2], close: CloseReceiver, progress: Arc<Progress>) {
-    progress.first_bytes().await;
     for _ in 0..STOCK_BLOCKS {
         for stock in &stocks {
+            progress.idle_after_traffic().await;
             if close.borrow().is_some() {
                 return;
             }
             stock.fill(1);
+            // The observer goes first if the relay handed it work meanwhile.
+            tokio::task::yield_now().await;
         }
-        tokio::task::yield_now().await;
     }
 }
 

@@ -68,9 +68,12 @@ pub struct Progress {
     taken: [AtomicU64; 2],
     /// The observer's state the last time it ran out of work.
     idle: Mutex<IdleState>,
-    /// The observer has taken in its first bytes (see [`Progress::first_bytes`]).
+    /// The observer has taken in bytes at least once.
     first: AtomicBool,
-    first_wake: tokio::sync::Notify,
+    /// The observer found the tap empty and has taken no work since.
+    waiting: AtomicBool,
+    /// Notified each time the observer runs out of work (see [`Progress::idle_after_traffic`]).
+    idle_wake: tokio::sync::Notify,
 }
 
 /// The observer's state when it last ran out of work (see [`Progress::idle`]).
@@ -96,20 +99,23 @@ impl Progress {
         self.idle.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Completes once the observer has taken in its first bytes: traffic flows, so the relay
-    /// (and, before it, the server) has started. For one waiter at a time.
-    pub async fn first_bytes(&self) {
-        if !self.first.load(Relaxed) {
-            // A notify_one between the load and this await leaves a permit: nothing is missed.
-            self.first_wake.notified().await;
+    /// Completes when the observer has nothing to do (it found the tap empty and has taken no
+    /// work since), once traffic has flowed (so the server and the relay have started): for work
+    /// on the observer's thread that must never delay observation. For one waiter at a time.
+    pub async fn idle_after_traffic(&self) {
+        while !(self.first.load(Relaxed) && self.waiting.load(Relaxed)) {
+            // A notify_one between the loads and this await leaves a permit: nothing is missed.
+            self.idle_wake.notified().await;
         }
     }
 
     fn add_taken(&self, dir: Direction, n: usize) {
         self.taken[dir.index()].fetch_add(n as u64, Relaxed);
-        if !self.first.load(Relaxed) && !self.first.swap(true, Relaxed) {
-            self.first_wake.notify_one();
-        }
+        self.first.store(true, Relaxed);
+    }
+
+    fn set_busy(&self) {
+        self.waiting.store(false, Relaxed);
     }
 
     fn set_idle(&self, settled: bool, stats: &ObserverStats) {
@@ -118,6 +124,8 @@ impl Progress {
             s.settled = settled;
             s.stats.clone_from(stats);
         }
+        self.waiting.store(true, Relaxed);
+        self.idle_wake.notify_one();
     }
 }
 
@@ -440,6 +448,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
             break false;
         }
         let worked = got == Drained::Some;
+        progress.set_busy();
         look(&rx, closing);
         let mut left = [0usize; 2];
         for msg in &batch {
