@@ -82,7 +82,7 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "MS")]
     pub call_timeout_ms: Option<u64>,
 
-    /// At exit, how long queued events may take to flush, in milliseconds [env: BOUNDED_SHUTDOWN_FLUSH_MS] [default: 2000]
+    /// At exit, how long observing what is left and delivering queued events may take, in milliseconds; stdio: counted from the server's exit [env: BOUNDED_SHUTDOWN_FLUSH_MS] [default: 2000]
     #[arg(long, value_name = "MS")]
     pub shutdown_flush_ms: Option<u64>,
 

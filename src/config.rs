@@ -8,7 +8,8 @@
 //! there is nothing to run. It never reads `std::env`: the environment is passed in.
 //!
 //! Every variable of ours starts with [`ENV_PREFIX`], and that prefix is what keeps them from the
-//! wrapped server (invariant 9: see [`is_sensor_env`]).
+//! wrapped server (invariant 9: see [`is_sensor_env`]). [`ENV_BENCH_DISABLE`] exists for the
+//! benchmark only: it switches mechanisms off to show what each buys ([`BenchSwitches`]).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -48,6 +49,10 @@ pub const ENV_ALLOW_ORIGINS: &str = "BOUNDED_ALLOW_ORIGINS";
 pub const ENV_DRAIN_MS: &str = "BOUNDED_DRAIN_MS";
 /// The kill switch (invariant 7).
 pub const ENV_DISABLED: &str = "BOUNDED_OBSERVE_MCP_DISABLED";
+/// Switches mechanisms off for the benchmark's ablation rows ([`BenchSwitches`]); not a user
+/// setting, so deliberately absent from [`ALL_ENV`], `--help` and the README (`bench/README.md`
+/// documents it).
+pub const ENV_BENCH_DISABLE: &str = "BOUNDED_BENCH_DISABLE";
 
 /// Every env var the wrapper reads, for docs and the README consistency test.
 pub const ALL_ENV: &[&str] = &[
@@ -88,6 +93,60 @@ pub const DEFAULT_ACTOR_NO_TOKEN: &str = "mcp:unknown";
 pub const DEFAULT_DRAIN: Duration = Duration::from_millis(5000);
 /// Fallback server name when neither `--name` nor `serverInfo.name` is known.
 pub const DEFAULT_SERVER_NAME: &str = "mcp";
+
+/// Mechanisms the benchmark can switch off ([`ENV_BENCH_DISABLE`], a comma list of the names
+/// below) to show what each one buys; each field is `true` when the mechanism runs (the
+/// default). Read once, at start. Exists for the benchmark only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchSwitches {
+    /// `pacer`: the observer's slices and rests on a CPU shared with the relay (`crate::pace::Pacer`).
+    pub pacer: bool,
+    /// `stock`: the read blocks written ahead for the relay (`crate::proxy::stdio::BlockStock`).
+    pub stock: bool,
+    /// `idle`: the observer's threads in the idle scheduling class at nice 19
+    /// (`crate::pace::lower_current_thread`).
+    pub idle: bool,
+    /// `summary`: large JSON objects observed from their first and last bytes
+    /// (`crate::observe::summary`). The tap's trimming only feeds it, so `summary` switches
+    /// `trim` off too.
+    pub summary: bool,
+    /// `trim`: the tap passes only the head and tail of a large frame (`crate::tap`).
+    pub trim: bool,
+}
+
+impl Default for BenchSwitches {
+    fn default() -> Self {
+        BenchSwitches {
+            pacer: true,
+            stock: true,
+            idle: true,
+            summary: true,
+            trim: true,
+        }
+    }
+}
+
+impl BenchSwitches {
+    /// Parses [`ENV_BENCH_DISABLE`]; unknown names are returned for one warning each.
+    pub fn parse(list: &str) -> (BenchSwitches, Vec<String>) {
+        let mut on = BenchSwitches::default();
+        let mut unknown = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "pacer" => on.pacer = false,
+                "stock" => on.stock = false,
+                "idle" => on.idle = false,
+                "summary" => {
+                    on.summary = false;
+                    on.trim = false;
+                }
+                "trim" => on.trim = false,
+                _ => unknown.push(name.to_string()),
+            }
+        }
+        (on, unknown)
+    }
+}
 
 /// Where events go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +202,8 @@ pub struct Config {
     /// HTTP mode: browser origins admitted besides loopback and the upstream's own.
     pub allow_origins: Vec<Origin>,
     pub debug: bool,
+    /// Mechanisms switched off for the benchmark ([`ENV_BENCH_DISABLE`]); all on otherwise.
+    pub bench: BenchSwitches,
 }
 
 /// A misconfiguration that does not stop the server (invariant 8). Printed once on stderr.
@@ -194,6 +255,8 @@ pub enum ConfigWarning {
         "allowed origin {value:?} is not scheme://host[:port] (e.g. https://app.example): ignored"
     )]
     BadOrigin { value: String },
+    #[error("{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, stock, idle, summary, trim: ignored")]
+    BadBenchSwitch { value: String },
 }
 
 /// A misconfiguration that leaves nothing to run. Exit code 2.
@@ -500,6 +563,19 @@ impl Config {
             },
         };
 
+        let bench = match env.get(ENV_BENCH_DISABLE) {
+            None => BenchSwitches::default(),
+            Some(list) => {
+                let (bench, unknown) = BenchSwitches::parse(list);
+                warnings.extend(
+                    unknown
+                        .into_iter()
+                        .map(|value| ConfigWarning::BadBenchSwitch { value }),
+                );
+                bench
+            }
+        };
+
         let config = Config {
             mode,
             disabled,
@@ -518,6 +594,7 @@ impl Config {
             drain,
             allow_origins,
             debug,
+            bench,
         };
         Ok((config, warnings))
     }
@@ -631,6 +708,43 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::resolve(&cli.args, &env)
+    }
+
+    #[test]
+    fn bench_switches_come_from_the_env_map_and_summary_takes_trim_with_it() {
+        let (c, w) = resolve(&["w", "--", "srv"], &[]).expect("ok");
+        assert_eq!(c.bench, BenchSwitches::default());
+        assert!(w
+            .iter()
+            .all(|w| !matches!(w, ConfigWarning::BadBenchSwitch { .. })));
+        let (c, w) = resolve(
+            &["w", "--", "srv"],
+            &[(ENV_BENCH_DISABLE, " pacer, idle,,bogus ")],
+        )
+        .expect("ok");
+        assert_eq!(
+            c.bench,
+            BenchSwitches {
+                pacer: false,
+                idle: false,
+                ..BenchSwitches::default()
+            }
+        );
+        assert!(w.contains(&ConfigWarning::BadBenchSwitch {
+            value: "bogus".into()
+        }));
+        let (c, _) =
+            resolve(&["w", "--", "srv"], &[(ENV_BENCH_DISABLE, "summary,stock")]).expect("ok");
+        assert_eq!(
+            c.bench,
+            BenchSwitches {
+                stock: false,
+                summary: false,
+                trim: false,
+                ..BenchSwitches::default()
+            }
+        );
+        assert!(!ALL_ENV.contains(&ENV_BENCH_DISABLE), "not a user setting");
     }
 
     #[test]

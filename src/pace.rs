@@ -48,6 +48,36 @@ pub fn lower_current_thread() -> bool {
     }
 }
 
+/// Puts thread `tid` of this process back in the normal scheduling class, and at nice 0 where
+/// allowed, undoing [`lower_current_thread`]; returns whether the class was restored. The kernel
+/// allows it only to a privileged process (`CAP_SYS_NICE`) or under a `RLIMIT_NICE` that
+/// permits it (0 by default): elsewhere it returns false and changes nothing. For a thread that
+/// must still finish work, or run once more to end, while every CPU is kept busy: in the idle
+/// class that can take the kernel about a second.
+pub fn restore_thread(tid: i32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(who) = libc::id_t::try_from(tid) else {
+            return false;
+        };
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid sched_param that outlives the call, which only reads it; an
+        // unknown or foreign `tid` or a refused change only returns -1 with errno set.
+        let normal = unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) } == 0;
+        if normal {
+            // SAFETY: setpriority takes three integers and touches no memory of ours; a refused
+            // change only returns -1 with errno set.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, who, 0) };
+        }
+        normal
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = tid;
+        false
+    }
+}
+
 /// Most CPU time the observer's thread spends in one stretch, on a CPU it shares with the relay
 /// while traffic flows, before it rests. A relay thread that becomes runnable while the observer
 /// has the CPU waits at most about this long.
@@ -310,5 +340,33 @@ mod tests {
             (Some(before), Some(policy_before)),
             "other threads keep theirs"
         );
+    }
+
+    /// Covers the `unsafe` in [`restore_thread`]: where the kernel allows it (a privileged
+    /// test run) the lowered thread is back at the default class and nice; where it does not,
+    /// nothing changed and it says so.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn restoring_a_lowered_thread_is_all_or_reported() {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            let tid = nix::unistd::gettid().as_raw();
+            assert!(lower_current_thread());
+            tid_tx.send(tid).expect("send tid");
+            let _ = go_rx.recv();
+            (thread_nice(tid), thread_policy(tid))
+        });
+        let tid = tid_rx.recv().expect("worker tid");
+        let restored = restore_thread(tid);
+        go_tx.send(()).expect("release worker");
+        let (nice, policy) = worker.join().expect("worker thread");
+        if restored {
+            assert_eq!(policy, Some(i64::from(libc::SCHED_OTHER)));
+            assert!(nice.is_some_and(|n| n <= i64::from(OBSERVER_NICE)));
+        } else {
+            assert_eq!(policy, Some(i64::from(libc::SCHED_IDLE)));
+        }
+        assert!(!restore_thread(-1), "no such thread");
     }
 }

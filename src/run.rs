@@ -3,26 +3,36 @@
 //!
 //! Owns the order things start and stop in, the observer's runtime and thread, the translation
 //! of what a relay reports into what the observer needs (a stdio session's [`SessionEnd`]
-//! becomes an [`EndCause`]), and the `--debug` totals printed at exit. Goes in: parsed flags and
-//! the environment map. Comes out: the exit code. It is the one module that knows every stage,
-//! so that no stage has to know the one after it (a relay knows its tap or hand-off, the observer
-//! its sink). It must never do a stage's work itself, and never let observation stop the relay:
-//! whatever cannot start, the server still runs, unobserved (invariant 8).
+//! becomes an [`EndCause`]), the exit deadline of a stdio session (kept by the main thread, see
+//! [`StdioObserver`]), which mechanisms the benchmark switched off
+//! ([`crate::config::BenchSwitches`]), and the `--debug` totals printed at exit. Goes in: parsed
+//! flags and the environment map. Comes out: the exit code. It is the one module that knows every
+//! stage, so that no stage has to know the one after it (a relay knows its tap or hand-off, the
+//! observer its sink). It must never do a stage's work itself, never let observation stop the
+//! relay (whatever cannot start, the server still runs, unobserved: invariant 8), and never let
+//! it hold the exit past the shutdown flush.
 
 use std::ffi::OsString;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
 
 use crate::cli::ObserveArgs;
 use crate::cli::EXIT_USAGE;
 use crate::config::{Config, Env, IngestTarget, Mode};
 use crate::log::PREFIX;
-use crate::observe::{self, EndCause, Observer, ObserverConfig, Transport};
+use crate::observe::{
+    self, CloseReceiver, EndCause, Observer, ObserverConfig, ObserverStats, Progress, SessionClose,
+    StdioOptions, Transport,
+};
+use crate::pace::Pacer;
 use crate::proxy::http::{Listener, Upstream, EXIT_START_FAILED};
-use crate::proxy::stdio::{SessionEnd, StdioOutcome, StdioProxy};
-use crate::report::{self, ReportConfig};
-use crate::tap;
+use crate::proxy::stdio::{BlockStock, SessionEnd, StdioOutcome, StdioProxy, Tapped, STOCK_BLOCKS};
+use crate::report::{self, ReportConfig, ReportStats, ReportWatch};
+use crate::tap::{self, TapStats};
 
 /// Runs the sensor from parsed flags to the end of the session: [`crate::run_observe_args`].
 pub(crate) fn run(args: &ObserveArgs, env: &Env) -> i32 {
@@ -107,91 +117,362 @@ fn run_stdio(cfg: &Config) -> i32 {
     if cfg.ingest == IngestTarget::Off && !cfg.debug {
         return relay_unobserved(program, args);
     }
-    // One worker: parsing, correlation and reporting are light, and the relay does not run here.
-    // Its threads run below the relay's priority (see crate::pace): on a shared CPU the
-    // relay always goes first and the observer catches up in the gaps.
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("observe-mcp")
-        .on_thread_start(|| {
-            crate::pace::lower_current_thread();
+    let (mut c2s, mut s2c, rx, tap_stats) = tap::tap(tap::TAP_CAPACITY);
+    c2s.set_trim(cfg.bench.trim);
+    s2c.set_trim(cfg.bench.trim);
+    let stocks = [
+        Arc::new(BlockStock::default()),
+        Arc::new(BlockStock::default()),
+    ];
+    let tapped = |tx, stock: &Arc<BlockStock>| {
+        Some(Tapped {
+            tx,
+            stock: stock.clone(),
         })
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
+    };
+    // The observer's thread starts before the server: only its creation is on this thread, and
+    // its start-up (runtime, ingest client, first look at the tap) then overlaps the server's
+    // instead of delaying the exit of a short session.
+    let observer = match StdioObserver::start(cfg, rx, stocks.clone()) {
+        Ok(o) => o,
         Err(e) => {
-            // Fail open: without a runtime we can still relay, unobserved.
+            // Fail open: relay unobserved.
             tracing::warn!("Cannot start the observer ({e}); running the server unobserved");
             return relay_unobserved(program, args);
         }
     };
-    // Observer and reporter share one thread and, on a CPU shared with the relay, one pace.
-    let pacer = Arc::new(crate::pace::Pacer::default());
-    let (queue, reporter) = {
-        let _guard = rt.enter();
-        report::start(ReportConfig {
-            pacer: Some(pacer.clone()),
-            ..report_config(cfg, "stdio")
-        })
-    };
-    let (c2s, s2c, rx, tap_stats) = tap::tap(tap::TAP_CAPACITY);
-    let observer = Observer::new(observer_config(cfg, Transport::Stdio), queue);
-    let observing = rt.spawn(observe::run_tap_observer(rx, observer, pacer.clone()));
-
+    // The relay runs on its own threads; this (main) thread spawns the server and drives the
+    // session.
     let proxy = StdioProxy::new(program.clone(), args.clone());
-    // The relay runs on its own threads, not on the runtime: the caller's (main) thread spawns
-    // the child and drives the session.
-    let outcome = proxy.run(Some(c2s), Some(s2c));
-
+    let outcome = proxy.run(tapped(c2s, &stocks[0]), tapped(s2c, &stocks[1]));
     let cause = session_ended(&outcome);
-    let stats = rt.block_on(async move {
-        let observer = observing.await.ok()?;
-        let (stats, queue) = observer.finish(Instant::now(), cause);
-        drop(queue);
-        Some(stats)
-    });
-    let report_stats = rt.block_on(reporter.shutdown());
-    if cfg.debug {
-        if let Some(s) = &stats {
-            tracing::debug!(
-                frames_c2s = s.frames[0],
-                frames_s2c = s.frames[1],
-                bytes_c2s = s.bytes[0],
-                bytes_s2c = s.bytes[1],
-                events = s.events,
-                non_json = s.non_json,
-                malformed = s.malformed,
-                oversize = s.oversize,
-                summarized = s.summarized,
-                duplicate_ids = s.duplicate_ids,
-                orphan_responses = s.orphan_responses,
-                gaps = s.gaps,
-                unobserved = s.unobserved,
-                evicted_calls = s.evicted,
-                redacted_tools = s.redacted_tools,
-                prose_withheld = s.prose_withheld,
-                shared_cpu = pacer.shared_cpu(),
-                rests = pacer.rests(),
-                yields = pacer.yields(),
-                "Observer totals"
+    observer.finish(cfg, cause, &tap_stats);
+    outcome.exit_code
+}
+
+/// Of the shutdown flush (`--shutdown-flush-ms`, counted from the server's exit), the share the
+/// observer may spend working through what the tap still holds, in percent; the rest is left
+/// to deliver what it made. Events reach the reporter as they are made and full batches go at
+/// once, so what is left to deliver at the cut-off is at most a batch and what was queued.
+const OBSERVE_SHARE_PERCENT: u32 = 75;
+
+/// Longer than any session's wait; short enough to add to an `Instant` without overflow.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Before the end of the shutdown flush, when the reporter must be done: what the observer's
+/// thread needs to hand its totals back after its own deadline.
+const HAND_BACK: Duration = Duration::from_millis(5);
+
+/// The stdio observer and reporter: one thread in the idle scheduling class (see
+/// [`crate::pace`]) with a runtime of its own. The session's (main) thread never waits for it
+/// past the shutdown flush: an idle-class thread may not get the CPU back for as long as
+/// normal-priority threads keep every CPU busy, so the deadline is kept by the session's thread,
+/// and what the observer did not get to is counted from what [`Progress`] and [`ReportWatch`]
+/// say.
+struct StdioObserver {
+    close: watch::Sender<Option<SessionClose>>,
+    shared: Arc<ObserverShared>,
+    done: std::sync::mpsc::Receiver<StdioTotals>,
+}
+
+/// What the session's thread can read of the observer's thread at any time.
+#[derive(Default)]
+struct ObserverShared {
+    progress: Arc<Progress>,
+    report: OnceLock<ReportWatch>,
+    pacer: OnceLock<Arc<Pacer>>,
+    /// Threads put in the idle class (see [`ObserverShared::lower_current_thread`]), and
+    /// whether the session has ended (then no thread is lowered any more).
+    lowered: std::sync::Mutex<(Vec<i32>, bool)>,
+}
+
+impl ObserverShared {
+    /// [`crate::pace::lower_current_thread`] while the session lasts, remembering the thread
+    /// for [`ObserverShared::restore_threads`].
+    fn lower_current_thread(&self) {
+        let Ok(mut lowered) = self.lowered.lock() else {
+            return;
+        };
+        let (threads, ended) = &mut *lowered;
+        if !*ended && crate::pace::lower_current_thread() {
+            threads.push(nix::unistd::gettid().as_raw());
+        }
+    }
+
+    /// The session has ended: puts the observer's threads back in the normal class where the
+    /// kernel allows it (see [`crate::pace::restore_thread`]), and lowers none from now on.
+    fn restore_threads(&self) {
+        if let Ok(mut lowered) = self.lowered.lock() {
+            lowered.1 = true;
+            for &tid in &lowered.0 {
+                crate::pace::restore_thread(tid);
+            }
+        }
+    }
+}
+
+/// The observer's thread's totals, handed back when it is done.
+struct StdioTotals {
+    observer: ObserverStats,
+    report: ReportStats,
+}
+
+impl StdioObserver {
+    fn start(
+        cfg: &Config,
+        rx: tap::TapReceiver,
+        stocks: [Arc<BlockStock>; 2],
+    ) -> std::io::Result<StdioObserver> {
+        let (close, close_rx) = watch::channel(None);
+        let shared = Arc::new(ObserverShared::default());
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let cfg = cfg.clone();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("observe-mcp".into())
+            .spawn(move || observe_stdio(&cfg, rx, stocks, close_rx, thread_shared, done_tx))?;
+        Ok(StdioObserver {
+            close,
+            shared,
+            done,
+        })
+    }
+
+    /// The server is gone (`cause` says how): tells the observer, then waits for its totals at
+    /// most until the shutdown flush has passed, counted from now. Returns at once when
+    /// nothing is left to observe or deliver.
+    fn finish(self, cfg: &Config, cause: EndCause, tap_stats: &TapStats) {
+        let now = Instant::now();
+        // A flush of centuries (the flag takes any number) is as good as forever.
+        let flush = cfg.shutdown_flush.min(FOREVER);
+        let by = now + flush;
+        let observe_until = now + flush * OBSERVE_SHARE_PERCENT / 100;
+        let deliver_by = by.checked_sub(HAND_BACK).unwrap_or(now).max(observe_until);
+        let _ = self.close.send(Some(SessionClose {
+            cause,
+            observe_until,
+            deliver_by,
+        }));
+        // The relay is done: the idle class protected nothing any more, and in it the observer's
+        // thread may neither finish in time nor, busy at exit, let the process end promptly.
+        self.shared.restore_threads();
+        let queued = queued_bytes(tap_stats);
+        let report = self.shared.report.get();
+        let idle = self.shared.progress.idle();
+        let nothing_left = queued == [0, 0]
+            || (idle.settled
+                && idle.taken == queued
+                && report.is_none_or(|r| r.outstanding() == 0));
+        let (observer, report, finished) = if nothing_left {
+            // Every byte was observed with nothing held, and every event delivered: ending the
+            // observer would make nothing more, so the exit does not wait for its thread.
+            let report = report.map(ReportWatch::snapshot).unwrap_or_default();
+            (Some(idle.stats), report, true)
+        } else {
+            match self
+                .done
+                .recv_timeout(by.saturating_duration_since(Instant::now()))
+            {
+                Ok(t) => (Some(t.observer), t.report, true),
+                // Past the deadline, or the thread is gone without totals (it could not start
+                // its runtime): what it did not get to is counted, from outside.
+                Err(e) => {
+                    let report = report.map(ReportWatch::abandoned).unwrap_or_default();
+                    (None, report, e == RecvTimeoutError::Disconnected)
+                }
+            }
+        };
+        let taken = self.shared.progress.taken();
+        let unread = [
+            queued[0].saturating_sub(taken[0]),
+            queued[1].saturating_sub(taken[1]),
+        ];
+        if unread != [0, 0] || !finished {
+            tracing::warn!(
+                unread_bytes_c2s = unread[0],
+                unread_bytes_s2c = unread[1],
+                dropped = report.dropped,
+                "Shutdown flush deadline reached: traffic left unread makes no event, and events not delivered are counted as dropped"
             );
         }
-        tracing::debug!(
-            tap_dropped_chunks_c2s = tap_stats.dropped_chunks[0].load(Relaxed),
-            tap_dropped_chunks_s2c = tap_stats.dropped_chunks[1].load(Relaxed),
-            tap_dropped_bytes_c2s = tap_stats.dropped_bytes[0].load(Relaxed),
-            tap_dropped_bytes_s2c = tap_stats.dropped_bytes[1].load(Relaxed),
-            tap_skipped_bytes_c2s = tap_stats.skipped_bytes[0].load(Relaxed),
-            tap_skipped_bytes_s2c = tap_stats.skipped_bytes[1].load(Relaxed),
-            delivered = report_stats.delivered,
-            dropped = report_stats.dropped,
-            batches = report_stats.batches,
-            "Reporter totals"
-        );
+        if cfg.debug {
+            debug_totals(
+                observer.as_ref(),
+                self.shared.pacer.get(),
+                tap_stats,
+                unread,
+                &report,
+            );
+        }
     }
-    rt.shutdown_timeout(Duration::from_millis(100));
-    outcome.exit_code
+}
+
+/// Tap bytes queued for the observer so far, per direction: what the relay offered, less what
+/// was dropped and the skipped middles of large frames. Once the tap is closed, what the
+/// observer took in ([`Progress::taken`]) reaches it when nothing was left unread.
+fn queued_bytes(tap: &TapStats) -> [u64; 2] {
+    let one = |i: usize| {
+        tap.offered_bytes[i]
+            .load(Relaxed)
+            .saturating_sub(tap.dropped_bytes[i].load(Relaxed))
+            .saturating_sub(tap.skipped_bytes[i].load(Relaxed))
+    };
+    [one(0), one(1)]
+}
+
+/// The observer's thread: observes until the session ends, ends open calls, delivers, and
+/// hands the totals back (unless the session's thread stopped waiting).
+fn observe_stdio(
+    cfg: &Config,
+    rx: tap::TapReceiver,
+    stocks: [Arc<BlockStock>; 2],
+    mut close: CloseReceiver,
+    shared: Arc<ObserverShared>,
+    done: std::sync::mpsc::Sender<StdioTotals>,
+) {
+    // Idle class from the first instruction on: nothing this thread does (building the runtime,
+    // the ingest client, filling the block stock) may take the CPU from the relay or the
+    // server starting up.
+    let lower = cfg.bench.idle;
+    if lower {
+        shared.lower_current_thread();
+    }
+    let pool_shared = shared.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("observe-mcp")
+        .on_thread_start(move || {
+            // The blocking pool (file sink writes) runs below the relay too.
+            if lower {
+                pool_shared.lower_current_thread();
+            }
+        })
+        .build();
+    let rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            // Fail open: the relay goes on; the tap drops what it cannot queue.
+            tracing::warn!("Cannot start the observer ({e}); the server runs unobserved");
+            return;
+        }
+    };
+    let totals = rt.block_on(async {
+        let pacer = Arc::new(if cfg.bench.pacer {
+            Pacer::default()
+        } else {
+            // Never rests nor yields: the benchmark's `pacer` switch.
+            Pacer::new(false)
+        });
+        let _ = shared.pacer.set(pacer.clone());
+        // Observer and reporter share this thread and, on a CPU shared with the relay, one pace.
+        let (queue, reporter) = report::start(ReportConfig {
+            pacer: Some(pacer.clone()),
+            ..report_config(cfg, "stdio")
+        });
+        let _ = shared.report.set(reporter.watch());
+        if cfg.bench.stock {
+            tokio::spawn(fill_stock(stocks, close.clone(), shared.progress.clone()));
+        }
+        let observer = Observer::new(observer_config(cfg, Transport::Stdio), queue);
+        let opts = StdioOptions {
+            summarize: cfg.bench.summary,
+            close: close.clone(),
+            progress: shared.progress.clone(),
+        };
+        let observer = observe::run_tap_observer_with(rx, observer, pacer, &opts).await;
+        // The tap closes before the session's thread says how the session ended.
+        let end = close
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|c| *c)?;
+        let (stats, queue) = observer.finish(Instant::now(), end.cause);
+        drop(queue);
+        let report = reporter
+            .shutdown_by(tokio::time::Instant::from_std(end.deliver_by))
+            .await;
+        Some(StdioTotals {
+            observer: stats,
+            report,
+        })
+    });
+    // Nothing here is waited for any more (the file sink's last write has returned). Before the
+    // hand-back: once the session's thread has the totals the process may exit, and a thread
+    // still to be woken and ended then delays that exit.
+    rt.shutdown_background();
+    if let Some(totals) = totals {
+        let _ = done.send(totals);
+    }
+}
+
+/// Writes the relay's block stocks (see [`BlockStock`]) on the observer's thread, a block at a
+/// time and only while the observer has nothing to do, so it never delays observation (nor,
+/// at the end of a short session, the exit); stops when the session ends. Not before traffic
+/// flows: the server has been spawned by then, and blocks written before the spawn's fork would
+/// be copy-on-write after it, a fault per page again.
+async fn fill_stock(stocks: [Arc<BlockStock>; 2], close: CloseReceiver, progress: Arc<Progress>) {
+    for _ in 0..STOCK_BLOCKS {
+        for stock in &stocks {
+            progress.idle_after_traffic().await;
+            if close.borrow().is_some() {
+                return;
+            }
+            stock.fill(1);
+            // The observer goes first if the relay handed it work meanwhile.
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// The `--debug` totals of a stdio session. `observer` is `None` when the observer's thread did
+/// not hand its totals back by the deadline.
+fn debug_totals(
+    observer: Option<&ObserverStats>,
+    pacer: Option<&Arc<Pacer>>,
+    tap_stats: &TapStats,
+    unread: [u64; 2],
+    report: &ReportStats,
+) {
+    if let Some(s) = observer {
+        tracing::debug!(
+            frames_c2s = s.frames[0],
+            frames_s2c = s.frames[1],
+            bytes_c2s = s.bytes[0],
+            bytes_s2c = s.bytes[1],
+            events = s.events,
+            non_json = s.non_json,
+            malformed = s.malformed,
+            oversize = s.oversize,
+            summarized = s.summarized,
+            duplicate_ids = s.duplicate_ids,
+            orphan_responses = s.orphan_responses,
+            gaps = s.gaps,
+            unobserved = s.unobserved,
+            evicted_calls = s.evicted,
+            redacted_tools = s.redacted_tools,
+            prose_withheld = s.prose_withheld,
+            shared_cpu = pacer.is_some_and(|p| p.shared_cpu()),
+            rests = pacer.map_or(0, |p| p.rests()),
+            yields = pacer.map_or(0, |p| p.yields()),
+            "Observer totals"
+        );
+    } else {
+        tracing::debug!("Observer totals unknown: the observer did not finish by the deadline");
+    }
+    tracing::debug!(
+        tap_dropped_chunks_c2s = tap_stats.dropped_chunks[0].load(Relaxed),
+        tap_dropped_chunks_s2c = tap_stats.dropped_chunks[1].load(Relaxed),
+        tap_dropped_bytes_c2s = tap_stats.dropped_bytes[0].load(Relaxed),
+        tap_dropped_bytes_s2c = tap_stats.dropped_bytes[1].load(Relaxed),
+        tap_skipped_bytes_c2s = tap_stats.skipped_bytes[0].load(Relaxed),
+        tap_skipped_bytes_s2c = tap_stats.skipped_bytes[1].load(Relaxed),
+        unread_bytes_c2s = unread[0],
+        unread_bytes_s2c = unread[1],
+        delivered = report.delivered,
+        dropped = report.dropped,
+        batches = report.batches,
+        "Reporter totals"
+    );
 }
 
 fn run_http(cfg: &Config) -> i32 {

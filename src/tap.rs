@@ -137,7 +137,9 @@ pub struct TapSender {
     shared: Arc<Shared>,
     dir: Direction,
     gap: bool,
-    trim: Trim,
+    /// `None`: every chunk passes whole (switched off for the benchmark, see
+    /// [`TapSender::set_trim`]).
+    trim: Option<Trim>,
 }
 
 /// The sender's view of frame boundaries, so that only what the observer reads of a large
@@ -337,18 +339,24 @@ pub fn tap_with_budget(
         shared: shared.clone(),
         dir: Direction::ClientToServer,
         gap: false,
-        trim: Trim::default(),
+        trim: Some(Trim::default()),
     };
     let s2c = TapSender {
         shared: shared.clone(),
         dir: Direction::ServerToClient,
         gap: false,
-        trim: Trim::default(),
+        trim: Some(Trim::default()),
     };
     (c2s, s2c, TapReceiver { shared }, stats)
 }
 
 impl TapSender {
+    /// Whether only the head and tail of a large frame cross (see [`Trim`]); on by default.
+    /// Off, every chunk passes whole (the benchmark's `trim` switch, `crate::config::BenchSwitches`).
+    pub fn set_trim(&mut self, on: bool) {
+        self.trim = on.then(Trim::default);
+    }
+
     /// The relay read bytes and is about to forward them: until [`TapSender::offer`] (or
     /// [`TapSender::settle`]) the observer must assume a frame of this direction may still come
     /// with an earlier timestamp than what it holds. Called after the read, *before* the write,
@@ -372,9 +380,12 @@ impl TapSender {
         stats.offered_chunks[i].fetch_add(1, Ordering::Relaxed);
         stats.offered_bytes[i].fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let (shared, dir, gap) = (&*self.shared, self.dir, &mut self.gap);
-        self.trim.accept(seen, bytes, |at, b, skipped| {
-            Self::enqueue(shared, dir, gap, at, b, skipped)
-        });
+        match &mut self.trim {
+            Some(trim) => trim.accept(seen, bytes, |at, b, skipped| {
+                Self::enqueue(shared, dir, gap, at, b, skipped)
+            }),
+            None => Self::enqueue(shared, dir, gap, seen, bytes, 0),
+        }
         // After the pushes (or drops): whoever sees `active` false finds the chunks queued.
         self.settle();
     }
@@ -434,8 +445,9 @@ impl TapSender {
     /// bounds) and wakes the observer so the session's end is observed at once.
     pub fn close(mut self, seen: Instant) {
         let (shared, dir, gap) = (&*self.shared, self.dir, &mut self.gap);
-        self.trim
-            .finish(|at, b, skipped| Self::enqueue(shared, dir, gap, at, b, skipped));
+        if let Some(trim) = &mut self.trim {
+            trim.finish(|at, b, skipped| Self::enqueue(shared, dir, gap, at, b, skipped));
+        }
         lock(&self.shared.state).msgs.push_back(TapMsg::Closed {
             dir: self.dir,
             seen,

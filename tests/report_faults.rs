@@ -855,3 +855,31 @@ async fn shutdown_during_a_back_off_exits_within_shutdown_flush() {
     assert!(stats.deadline_hit);
     assert_eq!(stats.dropped, 7);
 }
+
+/// What another thread reads while the reporter cannot answer: events the queue took and the
+/// totals do not account for yet are outstanding, and if the process stops waiting now they
+/// count as lost to the deadline, never as delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_counts_what_is_not_delivered_yet_as_lost_never_as_delivered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("events.jsonl");
+    // A long flush interval: the events wait in the batch being filled.
+    let (mut q, h) = report::start_with(
+        cfg(IngestTarget::File(path.clone()), 60_000, 2_000),
+        quick(),
+    );
+    let watch = h.watch();
+    emit_n(&mut q, 3);
+    assert_eq!(watch.outstanding(), 3);
+    let left = watch.abandoned();
+    assert_eq!((left.delivered, left.failed, left.dropped), (0, 3, 3));
+    assert!(left.deadline_hit);
+    drop(q);
+    let stats = h
+        .shutdown_by(tokio::time::Instant::now() + Duration::from_secs(2))
+        .await;
+    assert_eq!(stats.delivered, 3);
+    assert_eq!(watch.outstanding(), 0);
+    assert_eq!(watch.abandoned(), watch.snapshot());
+    assert_eq!(watch.snapshot().delivered, 3);
+}

@@ -421,6 +421,21 @@ impl FrameSplitter {
         }
     }
 
+    /// A splitter that never summarises: every frame up to `cap` is handed over whole (the
+    /// benchmark's `summary` switch, `crate::config::BenchSwitches`). Only for a tap that passes
+    /// every byte (no trimming): a frame whose middle was skipped is still summarised.
+    pub fn without_summaries(cap: usize) -> Self {
+        let mut s = FrameSplitter::new(cap);
+        s.msg.limits.whole = usize::MAX;
+        s.msg.limits.catalog = usize::MAX;
+        s
+    }
+
+    /// Holds no part of a frame: flushing it now would hand over nothing.
+    pub fn is_empty(&self) -> bool {
+        !self.msg.started()
+    }
+
     /// Feeds one chunk; `out` is called for every frame the chunk completes. `after_gap`: chunks
     /// before this one were lost, so whatever is buffered is damaged and this chunk's bytes up to
     /// its first newline belong to a damaged frame: both are discarded. `skipped`: the tap
@@ -854,5 +869,18 @@ mod tests {
                 frames.iter().map(|f| Ok(f.as_bytes().to_vec())).collect();
             prop_assert_eq!(got, want);
         }
+    }
+
+    #[test]
+    fn without_summaries_a_large_object_is_one_whole_frame_and_the_splitter_empties() {
+        let mut s = FrameSplitter::without_summaries(DEFAULT_FRAME_CAP);
+        let mut frame = big_result(7, 2 * WHOLE_FRAME_BYTES, false);
+        frame.push(b'\n');
+        let (a, b) = frame.split_at(1000);
+        assert!(run(&mut s, a, false).is_empty());
+        assert!(!s.is_empty(), "part of a frame held");
+        let got = run(&mut s, b, false);
+        assert_eq!(got, vec![Ok(frame[..frame.len() - 1].to_vec())]);
+        assert!(s.is_empty());
     }
 }

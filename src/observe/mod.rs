@@ -45,7 +45,10 @@ use std::time::Duration;
 pub use assemble::MAX_TOOL_NAME;
 pub use correlate::{EARLY_RESPONSE_BYTES, EARLY_RESPONSE_GRACE, MAX_OPEN_PER_SCOPE, MAX_PENDING};
 pub use observer::Observer;
-pub use stdio::{run_tap_observer, FRAMES_PER_TURN, REORDER_HOLD, SINK_STALL_LIMIT, TAP_LINGER};
+pub use stdio::{
+    run_tap_observer, run_tap_observer_with, CloseReceiver, IdleState, Progress, SessionClose,
+    StdioOptions, FRAMES_PER_TURN, REORDER_HOLD, SINK_STALL_LIMIT, TAP_LINGER,
+};
 
 /// A correlation scope: messages whose ids are matched together (keyed by scope, direction, id).
 /// Stdio has one scope (0). HTTP: one per `Mcp-Session-Id` (all POSTs and the GET stream of that

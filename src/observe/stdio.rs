@@ -9,17 +9,131 @@
 //! (see [`super::EARLY_RESPONSE_GRACE`]). It delays observation, never the relay. When it falls
 //! more than the tap's budget behind, the tap drops, and a call whose answer may have been
 //! dropped makes no event ([`super::ObserverStats::unobserved`]).
+//!
+//! The end of a session is the session thread's to decide, not the observer's: it tells the
+//! observer ([`SessionClose`]) how open calls end and until when it may work; past that instant
+//! the observer leaves the rest of the backlog unread, and a call whose answer may be in it
+//! makes no event (counted as unobserved, as after a tap drop). [`Progress`] lets that thread
+//! see, without the observer's help, whether anything is left to wait for and how much traffic
+//! was never read: an observer in the idle scheduling class may not get the CPU again in time.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
 
 use crate::event::EventSink;
 use crate::pace::Pacer;
 use crate::tap::{Direction, Drained, TapMsg, TapReceiver};
 
-use super::frame::{FrameSplitter, Split};
+use super::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
 use super::observer::Observer;
-use super::{StreamId, TICK};
+use super::{EndCause, ObserverStats, StreamId, TICK};
+
+/// How a stdio session ended, as its thread tells the observer once the server is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionClose {
+    /// How calls still open end.
+    pub cause: EndCause,
+    /// When the observer stops working through what the tap still holds: the rest is left
+    /// unread, and calls whose answers may be in it make no event.
+    pub observe_until: Instant,
+    /// When what was observed must be delivered (the reporter's deadline); the observer itself
+    /// does not use it.
+    pub deliver_by: Instant,
+}
+
+/// The observer's side of [`SessionClose`]: `None` until the session's thread sends it.
+pub type CloseReceiver = watch::Receiver<Option<SessionClose>>;
+
+/// How the stdio observer runs ([`run_tap_observer_with`]).
+pub struct StdioOptions {
+    /// Large JSON objects are observed from their ends ([`super::summary`]); off, each frame is
+    /// read whole up to the frame cap (the benchmark's `summary` switch).
+    pub summarize: bool,
+    /// When the session ended (see [`SessionClose`]).
+    pub close: CloseReceiver,
+    /// What the observer has done, for the session's thread.
+    pub progress: std::sync::Arc<Progress>,
+}
+
+/// What the stdio observer has done so far, readable from any thread at any time (see the
+/// module doc).
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Tap bytes (skipped middles of large frames not included) the observer has taken in, per
+    /// direction.
+    taken: [AtomicU64; 2],
+    /// The observer's state the last time it ran out of work.
+    idle: Mutex<IdleState>,
+    /// The observer has taken in bytes at least once.
+    first: AtomicBool,
+    /// The observer found the tap empty and has taken no work since.
+    waiting: AtomicBool,
+    /// Notified each time the observer runs out of work (see [`Progress::idle_after_traffic`]).
+    idle_wake: tokio::sync::Notify,
+}
+
+/// The observer's state when it last ran out of work (see [`Progress::idle`]).
+#[derive(Debug, Clone, Default)]
+pub struct IdleState {
+    /// [`Progress::taken`] at that moment.
+    pub taken: [u64; 2],
+    /// Nothing was held: no part of a frame, nothing in the reorder window, no call open and
+    /// no early response. Had the tap closed then, ending the observer would have made no event.
+    pub settled: bool,
+    /// The observer's counters at that moment.
+    pub stats: ObserverStats,
+}
+
+impl Progress {
+    /// Tap bytes taken in so far, per direction (index 0 client→server).
+    pub fn taken(&self) -> [u64; 2] {
+        [self.taken[0].load(Relaxed), self.taken[1].load(Relaxed)]
+    }
+
+    /// The observer's state the last time it ran out of work (all zero if it never did).
+    pub fn idle(&self) -> IdleState {
+        self.idle.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Completes when the observer has nothing to do (it found the tap empty and has taken no
+    /// work since), once traffic has flowed (so the server and the relay have started): for work
+    /// on the observer's thread that must never delay observation. For one waiter at a time.
+    pub async fn idle_after_traffic(&self) {
+        while !(self.first.load(Relaxed) && self.waiting.load(Relaxed)) {
+            // A notify_one between the loads and this await leaves a permit: nothing is missed.
+            self.idle_wake.notified().await;
+        }
+    }
+
+    fn add_taken(&self, dir: Direction, n: usize) {
+        self.taken[dir.index()].fetch_add(n as u64, Relaxed);
+        self.first.store(true, Relaxed);
+    }
+
+    fn set_busy(&self) {
+        self.waiting.store(false, Relaxed);
+    }
+
+    fn set_idle(&self, settled: bool, stats: &ObserverStats) {
+        if let Ok(mut s) = self.idle.lock() {
+            s.taken = self.taken();
+            s.settled = settled;
+            s.stats.clone_from(stats);
+        }
+        self.waiting.store(true, Relaxed);
+        self.idle_wake.notify_one();
+    }
+}
+
+/// Whether the session's thread has said observation must stop by now.
+fn past_cutoff(close: &CloseReceiver) -> bool {
+    let until = close.borrow().map(|c| c.observe_until);
+    until.is_some_and(|u| Instant::now() >= u)
+}
 
 /// How long a frame waits for the other direction before it is observed. Each relay thread
 /// hands its bytes to the tap *after* forwarding them, so a request can reach the channel after
@@ -187,9 +301,17 @@ const SINK_ROOM: usize = 2_048;
 /// How often the observer re-checks the reporter's queue while it waits for room.
 const SINK_POLL: Duration = Duration::from_millis(1);
 
-/// Waits (bounded, see [`SINK_STALL_LIMIT`]) until the sink can take a turn's worth of events.
-async fn pace_to_sink<S: EventSink>(obs: &Observer<S>, stalled_since: &mut Option<Instant>) {
+/// Waits (bounded, see [`SINK_STALL_LIMIT`], and never past the cut-off) until the sink can take
+/// a turn's worth of events.
+async fn pace_to_sink<S: EventSink>(
+    obs: &Observer<S>,
+    stalled_since: &mut Option<Instant>,
+    close: &CloseReceiver,
+) {
     while obs.sink.room() < SINK_ROOM {
+        if past_cutoff(close) {
+            return;
+        }
         let now = Instant::now();
         let since = *stalled_since.get_or_insert(now);
         if now.saturating_duration_since(since) >= SINK_STALL_LIMIT {
@@ -214,9 +336,11 @@ fn settled(rx: &TapReceiver, left: &[usize; 2]) -> [bool; 2] {
 struct Pace<'a> {
     stalled: Option<Instant>,
     pacer: &'a Pacer,
+    close: &'a CloseReceiver,
 }
 
-/// Releases what the reorder window allows, a turn at a time, yielding between turns.
+/// Releases what the reorder window allows, a turn at a time, yielding between turns; stops at
+/// the cut-off.
 async fn release_paced<S: EventSink>(
     reorder: &mut Reorder,
     obs: &mut Observer<S>,
@@ -227,7 +351,10 @@ async fn release_paced<S: EventSink>(
 ) {
     let pacer = pace.pacer;
     loop {
-        pace_to_sink(obs, &mut pace.stalled).await;
+        if past_cutoff(pace.close) {
+            return;
+        }
+        pace_to_sink(obs, &mut pace.stalled, pace.close).await;
         let settled = settled(rx, left);
         let now = Instant::now();
         if !reorder.release(obs, now, drain, FRAMES_PER_TURN, settled, pacer) {
@@ -238,21 +365,44 @@ async fn release_paced<S: EventSink>(
 }
 
 /// Drives an observer from the stdio tap until both directions close, then returns it (the
-/// caller decides the [`super::EndCause`] for calls still in flight). Splits each direction into
-/// frames, stamps each frame with the relay time of the chunk that completed it, observes the
-/// frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks call
-/// timeouts every [`TICK`]. Takes everything queued per look and lingers between looks (see
-/// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up. Tells
-/// `pacer` whether traffic flows and lets it pace every frame (see [`Pacer`]).
+/// caller decides the [`super::EndCause`] for calls still in flight): [`run_tap_observer_with`]
+/// with summaries on, no cut-off, and progress nobody reads.
 pub async fn run_tap_observer<S: EventSink>(
+    rx: TapReceiver,
+    observer: Observer<S>,
+    pacer: std::sync::Arc<Pacer>,
+) -> Observer<S> {
+    let (_never, close) = watch::channel(None);
+    let opts = StdioOptions {
+        summarize: true,
+        close,
+        progress: Default::default(),
+    };
+    run_tap_observer_with(rx, observer, pacer, &opts).await
+}
+
+/// Drives an observer from the stdio tap until both directions close or the cut-off of
+/// [`SessionClose`] passes, then returns it (the caller ends calls still in flight). Splits each
+/// direction into frames, stamps each frame with the relay time of the chunk that completed it,
+/// observes the frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks
+/// call timeouts every [`TICK`]. Takes everything queued per look and lingers between looks (see
+/// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up. Tells
+/// `pacer` whether traffic flows and lets it pace every frame (see [`Pacer`]). Past the cut-off
+/// it reads nothing more: calls whose answers may be in what is left are made unobserved (a
+/// gap), and what is left is what [`Progress::taken`] does not count.
+pub async fn run_tap_observer_with<S: EventSink>(
     mut rx: TapReceiver,
     mut observer: Observer<S>,
     pacer: std::sync::Arc<Pacer>,
+    opts: &StdioOptions,
 ) -> Observer<S> {
     let pacer = &*pacer;
+    let close = &opts.close;
+    let progress = &*opts.progress;
     let mut pace = Pace {
         stalled: None,
         pacer,
+        close,
     };
     // Traffic flows while the relay keeps handing the tap new chunks; not once it is closing.
     let mut offers = rx.offers();
@@ -265,15 +415,27 @@ pub async fn run_tap_observer<S: EventSink>(
         }
         offers = now;
     };
-    let mut splitters = [FrameSplitter::default(), FrameSplitter::default()];
+    let splitter = || {
+        if opts.summarize {
+            FrameSplitter::default()
+        } else {
+            FrameSplitter::without_summaries(DEFAULT_FRAME_CAP)
+        }
+    };
+    let mut splitters = [splitter(), splitter()];
     let mut last_seen: [Option<Instant>; 2] = [None, None];
     let mut reorder = Reorder::default();
     let mut batch: VecDeque<TapMsg> = VecDeque::new();
     let mut next_tick = Instant::now() + TICK;
     let mut closing = false;
-    loop {
+    let cut = 'observe: loop {
         let got = match rx.drain(&mut batch) {
             Drained::Empty => {
+                let nothing_held = reorder.is_empty()
+                    && splitters.iter().all(FrameSplitter::is_empty)
+                    && observer.actions.is_empty()
+                    && observer.early.is_empty();
+                progress.set_idle(nothing_held, &observer.stats);
                 let wake_at = reorder.deadline().map_or(next_tick, |h| h.min(next_tick));
                 tokio::select! {
                     got = rx.recv_many(&mut batch) => got,
@@ -283,9 +445,10 @@ pub async fn run_tap_observer<S: EventSink>(
             got => got,
         };
         if got == Drained::Closed {
-            break;
+            break false;
         }
         let worked = got == Drained::Some;
+        progress.set_busy();
         look(&rx, closing);
         let mut left = [0usize; 2];
         for msg in &batch {
@@ -294,7 +457,10 @@ pub async fn run_tap_observer<S: EventSink>(
             }
         }
         while let Some(msg) = batch.pop_front() {
-            pace_to_sink(&observer, &mut pace.stalled).await;
+            if past_cutoff(close) {
+                break 'observe true;
+            }
+            pace_to_sink(&observer, &mut pace.stalled, close).await;
             match msg {
                 TapMsg::Chunk(c) => {
                     let i = c.dir.index();
@@ -309,6 +475,7 @@ pub async fn run_tap_observer<S: EventSink>(
                         reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other_settled);
                         pacer.pace();
                     });
+                    progress.add_taken(c.dir, c.bytes.len());
                     look(&rx, closing);
                     if observer.stats.events - before >= FRAMES_PER_TURN as u64 {
                         tokio::task::yield_now().await;
@@ -347,13 +514,20 @@ pub async fn run_tap_observer<S: EventSink>(
                 _ = rx.woken() => {}
             }
         }
+    };
+    if !cut {
+        for dir in [Direction::ClientToServer, Direction::ServerToClient] {
+            let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
+            splitters[dir.index()]
+                .flush(|s| reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, true));
+        }
+        pacer.set_closing();
+        release_paced(&mut reorder, &mut observer, true, &rx, &[0, 0], &mut pace).await;
     }
-    for dir in [Direction::ClientToServer, Direction::ServerToClient] {
-        let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
-        splitters[dir.index()]
-            .flush(|s| reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, true));
+    if cut || !reorder.is_empty() {
+        // Past the cut-off: whatever answers are still unread, a call that may be waiting for
+        // one of them is unobserved rather than a 504 or 502 the client never saw.
+        observer.on_gap(Direction::ServerToClient, Instant::now());
     }
-    pacer.set_closing();
-    release_paced(&mut reorder, &mut observer, true, &rx, &[0, 0], &mut pace).await;
     observer
 }

@@ -681,6 +681,148 @@ async fn a_50_mb_result_is_still_correlated() {
     assert_eq!((stats.oversize, stats.summarized), (0, 1));
 }
 
+/// Polls (yielding to the observer task) until `done` holds; fails after a generous bound.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
+    use bytes::Bytes;
+    let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
+    let (close, close_rx) = tokio::sync::watch::channel(None);
+    let opts = StdioOptions {
+        summarize: true,
+        close: close_rx,
+        progress: Default::default(),
+    };
+    let progress = opts.progress.clone();
+    let task = tokio::spawn(async move {
+        run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), no_pacing(), &opts).await
+    });
+    let t0 = Instant::now();
+    let line = |v: Value| Bytes::from(format!("{v}\n"));
+    let (req1, ok1) = (line(call(json!(1), "a", json!({}))), line(ok(json!(1))));
+    let req2 = line(call(json!(2), "b", json!({})));
+    c2s.offer(t0, req1.clone());
+    s2c.offer(t0 + Duration::from_millis(1), ok1.clone());
+    until("the first call observed", || {
+        let idle = progress.idle();
+        idle.settled && idle.taken == [req1.len() as u64, ok1.len() as u64]
+    })
+    .await;
+    c2s.offer(t0 + Duration::from_millis(2), req2.clone());
+    let taken = [(req1.len() + req2.len()) as u64, ok1.len() as u64];
+    until("the second request taken in", || {
+        let idle = progress.idle();
+        idle.taken == taken && !idle.settled
+    })
+    .await;
+    // The session's thread says it is over, with the cut-off already passed: the answer that
+    // follows is never read, and the call it answers is neither a 200 nor a false 504.
+    let now = Instant::now();
+    close
+        .send(Some(SessionClose {
+            cause: EndCause::SessionEnd,
+            observe_until: now,
+            deliver_by: now,
+        }))
+        .expect("observer listening");
+    s2c.offer(t0 + Duration::from_millis(3), line(ok(json!(2))));
+    c2s.close(t0 + Duration::from_millis(4));
+    s2c.close(t0 + Duration::from_millis(4));
+    let obs = task.await.expect("task");
+    assert_eq!(progress.taken(), taken, "nothing read past the cut-off");
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0].rec.action.as_str(), events[0].status),
+        ("a", 200)
+    );
+    assert_eq!(stats.unobserved, 1);
+}
+
+#[tokio::test]
+async fn idle_after_traffic_waits_for_traffic_then_for_the_observer_to_run_out_of_work() {
+    use bytes::Bytes;
+    let (mut c2s, s2c, rx, _stats) = crate::tap::tap(64);
+    let (_close, close_rx) = tokio::sync::watch::channel(None);
+    let opts = StdioOptions {
+        summarize: true,
+        close: close_rx,
+        progress: Default::default(),
+    };
+    let progress = opts.progress.clone();
+    let task = tokio::spawn(async move {
+        run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), no_pacing(), &opts).await
+    });
+    let quiet = Duration::from_millis(50);
+    assert!(
+        tokio::time::timeout(quiet, progress.idle_after_traffic())
+            .await
+            .is_err(),
+        "no traffic yet"
+    );
+    c2s.offer(
+        Instant::now(),
+        Bytes::from(format!("{}\n", call(json!(1), "a", json!({})))),
+    );
+    tokio::time::timeout(Duration::from_secs(20), progress.idle_after_traffic())
+        .await
+        .expect("idle once the chunk is observed");
+    assert_ne!(progress.taken()[0], 0);
+    c2s.close(Instant::now());
+    drop(s2c);
+    task.await.expect("task");
+}
+
+#[tokio::test]
+async fn without_summaries_a_large_result_is_read_whole() {
+    use bytes::Bytes;
+    let text = "z".repeat(2 * frame::WHOLE_FRAME_BYTES);
+    let resp = format!(
+        "{}\n",
+        json!({"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":text}]}})
+    );
+    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap(64);
+    c2s.set_trim(false);
+    s2c.set_trim(false);
+    let (_close, close_rx) = tokio::sync::watch::channel(None);
+    let opts = StdioOptions {
+        summarize: false,
+        close: close_rx,
+        progress: Default::default(),
+    };
+    let task = tokio::spawn(async move {
+        run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), no_pacing(), &opts).await
+    });
+    let t0 = Instant::now();
+    c2s.offer(
+        t0,
+        Bytes::from(format!("{}\n", call(json!(1), "export", json!({})))),
+    );
+    for piece in resp.as_bytes().chunks(64 * 1024) {
+        s2c.offer(t0, Bytes::copy_from_slice(piece));
+    }
+    c2s.close(t0);
+    s2c.close(t0);
+    let obs = task.await.expect("task");
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(
+        stats.skipped_bytes[1].load(Relaxed),
+        0,
+        "every byte crossed"
+    );
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].bytes.resp as usize, resp.len() - 1);
+    assert_eq!((stats.summarized, stats.oversize), (0, 0));
+}
+
 #[tokio::test]
 async fn frames_are_observed_in_relay_time_order_across_directions() {
     use bytes::Bytes;

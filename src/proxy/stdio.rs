@@ -1,12 +1,12 @@
 //! Stdio proxy: the wrapped server as a child, two relay loops, and the session's lifecycle
 //! (DESIGN §2 invariants 1–3, 6, 7; §8; §9).
 //!
-//! In: a server command, optionally one [`TapSender`] per direction. Out: the server's bytes on
-//! our stdout and the client's on its stdin, unchanged and in order; each chunk read also handed
-//! to the tap (the same bytes, not a copy); a [`StdioOutcome`]: the exit code to use and who
-//! ended the session ([`SessionEnd`], which the wiring turns into how open calls end). It never
-//! writes anything of its own to stdout, never parses, never imports the observer, and never
-//! lets the observer slow or stop a byte.
+//! In: a server command, optionally a [`Tapped`] (tap sender and block stock) per direction.
+//! Out: the server's bytes on our stdout and the client's on its stdin, unchanged and in order;
+//! each chunk read also handed to the tap (the same bytes, not a copy); a [`StdioOutcome`]: the
+//! exit code to use and who ended the session ([`SessionEnd`], which the wiring turns into how
+//! open calls end). It never writes anything of its own to stdout, never parses, never imports
+//! the observer, and never lets the observer slow or stop a byte.
 //!
 //! Threads: the caller's thread spawns the child (so `PR_SET_PDEATHSIG` stays armed: see
 //! [`child::spawn`]) and then runs the session loop below; one thread per relay direction
@@ -57,6 +57,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 pub use child::{exit_code, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_NO_STDIO};
+pub use relay::{BlockStock, STOCK_BLOCKS};
 use relay::{Note, TapSlot};
 
 use crate::tap::TapSender;
@@ -78,6 +79,14 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// process stuck in the kernel, or one that left our group while holding the stdout pipe,
 /// must not keep the wrapper alive forever.
 pub const KILL_GRACE: Duration = Duration::from_secs(1);
+
+/// One observed direction, as the relay takes it: where its chunks go, and where its fresh read
+/// blocks come from when the tap still holds every pooled one (see [`BlockStock`]; an empty
+/// stock is never filled, and the relay then allocates).
+pub struct Tapped {
+    pub tx: TapSender,
+    pub stock: Arc<BlockStock>,
+}
 
 /// Signals forwarded to the child's process group (invariant 6).
 const FORWARDED_SIGNALS: [libc::c_int; 3] = [SIGINT, SIGTERM, SIGHUP];
@@ -121,7 +130,7 @@ impl StdioProxy {
 
     /// Runs the session, optionally tapped, and says how it ended. Blocks until the child is
     /// gone. Call it from a thread that lives as long as the session (see [`child::spawn`]).
-    pub fn run(self, c2s: Option<TapSender>, s2c: Option<TapSender>) -> StdioOutcome {
+    pub fn run(self, c2s: Option<Tapped>, s2c: Option<Tapped>) -> StdioOutcome {
         let fail = |exit_code| StdioOutcome {
             exit_code,
             ended: SessionEnd::ServerGone,
@@ -166,8 +175,8 @@ impl StdioProxy {
             }
         };
         let group = Arc::new(spawned.group);
-        let c2s = c2s.map(TapSlot::new);
-        let s2c = s2c.map(TapSlot::new);
+        let c2s = c2s.map(|t| TapSlot::new(t.tx, t.stock));
+        let s2c = s2c.map(|t| TapSlot::new(t.tx, t.stock));
         let (tx, rx) = mpsc::channel();
 
         if let Some(mut signals) = signals {
@@ -195,13 +204,6 @@ impl StdioProxy {
             }
         }
 
-        // See `relay::BlockStock`. After the spawn: the spawn forks, and blocks written before
-        // it would be copy-on-write afterwards, one fault per page again. Before the relay
-        // starts: no traffic competes with it, and on a CPU of its own the server starts up
-        // meanwhile. ~1.5 ms on the VMs we measure on.
-        for slot in [&c2s, &s2c].into_iter().flatten() {
-            slot.stock.fill(relay::STOCK_BLOCKS);
-        }
         let started = start_threads(
             our_in,
             our_out,

@@ -23,11 +23,13 @@
 //! * [`stats`]: counters and the stderr discipline (each kind of failure once, then a summary).
 //!
 //! Shutdown is explicit: [`ReporterHandle::shutdown`] sets a deadline (`shutdown_flush`,
-//! default 2 s); the batcher flushes what is queued until then, and whatever is still unsent
+//! default 2 s, or the session's own with [`ReporterHandle::shutdown_by`]); the batcher flushes
+//! what is queued until then, and whatever is still unsent
 //! (including a request in flight to a dead ingest, or a retry waiting out `Retry-After`) is
 //! abandoned and counted; a back-off between batches that would outlast the deadline is not
 //! waited for at all. A dead ingest can therefore delay the wrapper's exit by at most that
-//! deadline.
+//! deadline. A thread that cannot wait for the reporter's own answer (its thread may not get
+//! the CPU in time) reads the totals through a [`ReportWatch`] instead.
 
 pub mod batch;
 pub mod retry;
@@ -88,12 +90,16 @@ pub struct ReportConfig {
 pub struct EventQueue {
     tx: mpsc::Sender<Event>,
     dropped: Arc<AtomicU64>,
+    /// Events the queue took (see [`ReportWatch`]).
+    accepted: Arc<AtomicU64>,
 }
 
 impl EventSink for EventQueue {
     fn emit(&mut self, event: Event) {
         if self.tx.try_send(event).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.accepted.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -107,8 +113,18 @@ pub struct ReporterHandle {
     task: Option<JoinHandle<ReportStats>>,
     deadline: watch::Sender<Option<tokio::time::Instant>>,
     shutdown_flush: Duration,
+    watch: ReportWatch,
+}
+
+/// The reporter's totals as any thread can read them, without the reporter's help: what it
+/// published after its last batch, and what the queue took or refused since.
+#[derive(Clone)]
+pub struct ReportWatch {
     published: Arc<Mutex<ReportStats>>,
     queue_dropped: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
+    /// Events are meant to go somewhere (else they are `unsent`, not lost).
+    sink: bool,
 }
 
 /// Starts the reporter on the current tokio runtime, with the default timeouts.
@@ -121,18 +137,24 @@ pub fn start(cfg: ReportConfig) -> (EventQueue, ReporterHandle) {
 pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHandle) {
     let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
     let queue_dropped = Arc::new(AtomicU64::new(0));
+    let accepted = Arc::new(AtomicU64::new(0));
     let (deadline_tx, deadline_rx) = watch::channel(None);
     let published = Arc::new(Mutex::new(ReportStats::default()));
     let queue = EventQueue {
         tx,
         dropped: queue_dropped.clone(),
+        accepted: accepted.clone(),
     };
     let mut handle = ReporterHandle {
         task: None,
         deadline: deadline_tx,
         shutdown_flush: cfg.shutdown_flush,
-        published: published.clone(),
-        queue_dropped: queue_dropped.clone(),
+        watch: ReportWatch {
+            published: published.clone(),
+            queue_dropped: queue_dropped.clone(),
+            accepted,
+            sink: false,
+        },
     };
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!("Reporter started outside a tokio runtime: events will not be reported");
@@ -155,6 +177,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         (IngestTarget::Http(_), None) | (IngestTarget::Off, _) => None,
         (IngestTarget::File(path), _) => Some(sink::Sink::File(sink::FileSink::new(path.clone()))),
     };
+    handle.watch.sink = sink.is_some();
     let batcher = batch::Batcher {
         rx,
         queue_dropped,
@@ -181,20 +204,27 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
 impl ReporterHandle {
     /// The totals so far, as of the last batch the batcher finished (for `--debug` and tests).
     pub fn snapshot(&self) -> ReportStats {
-        let mut s = crate::lock::lock(&self.published).clone();
-        let q = self.queue_dropped.load(Ordering::Relaxed);
-        s.queue_full += q;
-        s.dropped += q;
-        s
+        self.watch.snapshot()
+    }
+
+    /// A view of the totals that outlives this handle and can be read from any thread.
+    pub fn watch(&self) -> ReportWatch {
+        self.watch.clone()
     }
 
     /// Flushes what is queued within the shutdown deadline and stops. Returns promptly (by the
     /// deadline) however dead the ingest is.
-    pub async fn shutdown(mut self) -> ReportStats {
+    pub async fn shutdown(self) -> ReportStats {
         let deadline = tokio::time::Instant::now() + self.shutdown_flush;
+        self.shutdown_by(deadline).await
+    }
+
+    /// [`ReporterHandle::shutdown`] by a deadline the caller sets (a stdio session's is counted
+    /// from the server's exit, not from when the observer is done).
+    pub async fn shutdown_by(mut self, deadline: tokio::time::Instant) -> ReportStats {
         let _ = self.deadline.send(Some(deadline));
         let Some(mut task) = self.task.take() else {
-            let dropped = self.queue_dropped.load(Ordering::Relaxed);
+            let dropped = self.watch.queue_dropped.load(Ordering::Relaxed);
             return ReportStats {
                 dropped,
                 queue_full: dropped,
@@ -206,13 +236,50 @@ impl ReporterHandle {
             _ => {
                 task.abort();
                 tracing::warn!("Reporter did not stop by its deadline; unsent events are lost");
-                let mut s = crate::lock::lock(&self.published).clone();
-                let q = self.queue_dropped.load(Ordering::Relaxed);
-                s.queue_full += q;
-                s.dropped += q;
+                let mut s = self.watch.snapshot();
                 s.deadline_hit = true;
                 s
             }
         }
+    }
+}
+
+impl ReportWatch {
+    /// The totals as of the last batch the batcher finished, plus the queue's drops since.
+    pub fn snapshot(&self) -> ReportStats {
+        let mut s = crate::lock::lock(&self.published).clone();
+        let q = self.queue_dropped.load(Ordering::Relaxed);
+        s.queue_full += q;
+        s.dropped += q;
+        s
+    }
+
+    /// Events the queue took that the totals do not account for yet: queued, in the batch being
+    /// filled, in flight, or rejected by the filter since the last batch.
+    pub fn outstanding(&self) -> u64 {
+        let s = crate::lock::lock(&self.published).clone();
+        let accounted = s.delivered + s.filtered + s.failed + s.unsent;
+        self.accepted
+            .load(Ordering::Relaxed)
+            .saturating_sub(accounted)
+    }
+
+    /// The totals when the process stops waiting for the reporter now: every event not yet
+    /// accounted for ([`ReportWatch::outstanding`]) is counted as lost to the deadline (or as
+    /// unsent when events were going nowhere). An event in a batch that was being written at
+    /// that moment may still arrive: it is counted as lost, never as delivered.
+    pub fn abandoned(&self) -> ReportStats {
+        let mut s = self.snapshot();
+        let left = self.outstanding();
+        if self.sink {
+            s.failed += left;
+            s.dropped += left;
+            if left > 0 {
+                s.deadline_hit = true;
+            }
+        } else {
+            s.unsent += left;
+        }
+        s
     }
 }

@@ -7,17 +7,18 @@
 //! filled parts it gives to the tap as they are: the bytes written onward are the bytes the
 //! observer gets, with no copy (a copy per chunk cost the relay thread ~40 % more CPU per MB).
 //! Writes go out with `write_all` on an unbuffered descriptor (no `BufWriter`, no `LineWriter`
-//! holding a partial line). Observed, fresh blocks come first from a [`BlockStock`] the session
-//! fills before traffic starts, so a burst that outruns the observer does not page-fault on this
-//! path. Must never parse, log per chunk, allocate when unobserved, or wait on the observer.
+//! holding a partial line). Observed, fresh blocks come first from a [`BlockStock`] written
+//! ahead off this path, so a burst that outruns the observer does not page-fault here. Must
+//! never parse, log per chunk, allocate when unobserved, or wait on the observer.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -45,41 +46,77 @@ pub enum Note {
 /// [`BlockStock`].
 pub struct TapSlot {
     tx: Mutex<Option<TapSender>>,
-    pub stock: BlockStock,
+    /// Bytes were read and announced ([`TapSlot::begin`]) and are not offered or settled yet.
+    /// Only changed with `tx` locked.
+    forwarding: AtomicBool,
+    /// Signalled when `forwarding` ends, for [`TapSlot::close`].
+    handed: Condvar,
+    pub stock: Arc<BlockStock>,
 }
 
+/// How long [`TapSlot::close`] waits for bytes its relay thread already forwarded to be offered.
+/// The thread is runnable then (typically the server it just woke preempted it between its
+/// write and its hand-off), so this takes microseconds; the bound only matters for a write
+/// that never returns (a server stuck in the kernel with its stdin pipe full).
+const HAND_OFF_WAIT: Duration = Duration::from_millis(100);
+
 impl TapSlot {
-    pub fn new(tx: TapSender) -> Arc<Self> {
+    pub fn new(tx: TapSender, stock: Arc<BlockStock>) -> Arc<Self> {
         Arc::new(TapSlot {
             tx: Mutex::new(Some(tx)),
-            stock: BlockStock::default(),
+            forwarding: AtomicBool::new(false),
+            handed: Condvar::new(),
+            stock,
         })
     }
 
     fn offer(&self, seen: Instant, chunk: Bytes) {
         // Uncontended except at the very end of the session; the offer never blocks.
-        if let Some(tx) = lock(&self.tx).as_mut() {
+        let mut guard = lock(&self.tx);
+        if let Some(tx) = guard.as_mut() {
             tx.offer(seen, chunk);
         }
+        self.handed_over();
     }
 
     /// Announces that bytes were read and are about to be forwarded (see `TapSender::begin`).
     fn begin(&self) {
-        if let Some(tx) = lock(&self.tx).as_ref() {
+        let guard = lock(&self.tx);
+        if let Some(tx) = guard.as_ref() {
+            self.forwarding.store(true, Ordering::Relaxed);
             tx.begin();
         }
     }
 
     /// The announced bytes will not be offered.
     fn settle(&self) {
-        if let Some(tx) = lock(&self.tx).as_ref() {
+        let guard = lock(&self.tx);
+        if let Some(tx) = guard.as_ref() {
             tx.settle();
+        }
+        self.handed_over();
+    }
+
+    /// Ends a forward; call with `tx` locked.
+    fn handed_over(&self) {
+        if self.forwarding.swap(false, Ordering::Relaxed) {
+            self.handed.notify_all();
         }
     }
 
-    /// Sends this direction's EOF marker and drops the sender. Idempotent.
+    /// Sends this direction's EOF marker and drops the sender, once bytes the relay thread has
+    /// already forwarded are offered (else the observer would never see what the server got:
+    /// bounded by [`HAND_OFF_WAIT`]). Idempotent.
     pub fn close(&self, seen: Instant) {
-        let tx = lock(&self.tx).take();
+        let guard = lock(&self.tx);
+        let forwarding = |_: &mut Option<TapSender>| self.forwarding.load(Ordering::Relaxed);
+        let tx = match self
+            .handed
+            .wait_timeout_while(guard, HAND_OFF_WAIT, forwarding)
+        {
+            Ok((mut guard, _)) => guard.take(),
+            Err(poisoned) => poisoned.into_inner().0.take(),
+        };
         if let Some(tx) = tx {
             tx.close(seen);
         }
@@ -127,23 +164,24 @@ const MIN_READ: usize = 16 * 1024;
 /// [`STOCK_BLOCKS`], so every stocked block stays in use once taken.
 const POOL_BLOCKS: usize = STOCK_BLOCKS;
 
-/// Blocks per observed direction the session faults in before traffic starts (see
-/// [`BlockStock`]): 2 × 32 × 64 KiB = 4 MiB, half the tap's byte budget
-/// (`crate::tap::TAP_BUDGET_BYTES`) and about what a burst of 20,000 small calls leaves queued
-/// while the observer waits for the CPU.
+/// Blocks per observed direction written ahead (see [`BlockStock`]): 2 × 32 × 64 KiB = 4 MiB,
+/// half the tap's byte budget (`crate::tap::TAP_BUDGET_BYTES`) and about what a burst of 20,000
+/// small calls leaves queued while the observer waits for the CPU.
 pub const STOCK_BLOCKS: usize = 32;
 
-/// Read blocks for one observed direction, allocated and written through before traffic starts
-/// ([`BlockStock::fill`], on the session's own thread between spawning the server and starting
-/// the relay: filled while traffic flowed, on a shared CPU, it competed with the first burst at
-/// the relay's priority; filled before the spawn's fork, its pages were copy-on-write after it).
+/// Read blocks for one observed direction, allocated and written through ahead of need
+/// ([`BlockStock::fill`]) by a thread other than the relay's: the wiring has the observer's
+/// thread fill them in its first idle moments (idle class, so never at the relay's or the
+/// starting server's expense; written on the relay's path before it started, they delayed a
+/// session's first byte by ~1.5–2.5 ms; written before the spawn's fork, their pages were
+/// copy-on-write after it).
 /// When a burst outruns the observer, every block the tap still holds is in use and the relay
 /// needs fresh ones; a fresh block's pages are then first touched by `read(2)`, one page fault
 /// per 4 KiB (~1.5 µs on the VMs we measure on): 30 faults per 1,000 pipelined calls on the
-/// client→server thread, close to half its CPU in such a burst. The relay takes a stocked block only when no pooled
-/// one is free, so the pool's few hot blocks keep serving steady traffic and large frames, and
-/// a stocked block, once taken, stays in the pool for later bursts. The price is this memory
-/// from the start of every observed session.
+/// client→server thread, close to half its CPU in such a burst. The relay takes a stocked block
+/// only when no pooled one is free, so the pool's few hot blocks keep serving steady traffic and
+/// large frames, and a stocked block, once taken, stays in the pool for later bursts. The price
+/// is this memory in every observed session that lasts long enough for the fill.
 #[derive(Default)]
 pub struct BlockStock(Mutex<Vec<BytesMut>>);
 
@@ -282,7 +320,7 @@ pub fn client_to_server<W: Write + AsFd>(
     let mut buf = ReadBuf::new(tap.is_some());
     let mut output = Some(output);
     loop {
-        let n = match buf.read(&mut input, tap.as_ref().map(|t| &t.stock)) {
+        let n = match buf.read(&mut input, tap.as_ref().map(|t| &*t.stock)) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -322,7 +360,7 @@ pub fn server_to_client<R: Read + AsFd>(
 ) {
     let mut buf = ReadBuf::new(tap.is_some());
     let note = loop {
-        let n = match buf.read(&mut input, tap.as_ref().map(|t| &t.stock)) {
+        let n = match buf.read(&mut input, tap.as_ref().map(|t| &*t.stock)) {
             Ok(0) | Err(_) => break Note::ServerEof,
             Ok(n) => n,
         };
@@ -428,5 +466,37 @@ mod tests {
         }
         assert!(stock.len() < 2, "a fresh block came from the stock");
         assert!(held.iter().all(|c| c.iter().all(|&b| b == b'y')));
+    }
+
+    /// A relay thread preempted between its write and its hand-off (by the server it just woke,
+    /// which then exits) must not lose those bytes to the session closing the slot meanwhile:
+    /// the server got them, so the observer must see them.
+    #[test]
+    fn closing_waits_for_bytes_already_forwarded() {
+        use crate::tap::{Drained, TapMsg};
+        let (c2s, _s2c, mut rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
+        let slot = TapSlot::new(c2s, Arc::default());
+        slot.begin();
+        let relay = {
+            let slot = slot.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                slot.offer(Instant::now(), Bytes::from_static(b"{\"id\":1}\n"));
+            })
+        };
+        slot.close(Instant::now());
+        relay.join().expect("relay thread");
+        let mut out = std::collections::VecDeque::new();
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        assert!(
+            matches!(out.pop_front(), Some(TapMsg::Chunk(c)) if &c.bytes[..] == b"{\"id\":1}\n")
+        );
+        assert!(matches!(out.pop_front(), Some(TapMsg::Closed { .. })));
+        // Nothing announced: closing does not wait.
+        let (c2s, _s2c, _rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
+        let slot = TapSlot::new(c2s, Arc::default());
+        let t0 = Instant::now();
+        slot.close(t0);
+        assert!(t0.elapsed() < HAND_OFF_WAIT);
     }
 }

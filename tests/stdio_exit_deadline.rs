@@ -1,0 +1,166 @@
+//! The wrapper's exit after a session is bounded by `--shutdown-flush-ms`, whatever the backlog
+//! and the load: with every CPU kept busy by normal-priority loops, the observer (in the idle
+//! scheduling class) may never get through a 20,000-call burst, and the exit must not wait for
+//! it. What it could not observe makes no event, and no event claims a status it did not see.
+//!
+//! Its own test binary: the busy loops would slow every other test running beside them.
+
+mod stdio_support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use stdio_support::{collect, example, wait_for, wrapper_cmd, WAIT};
+
+/// Calls in the burst (the issue's figure).
+const CALLS: usize = 20_000;
+
+/// The shutdown flush the wrapper is given.
+const FLUSH_MS: u64 = 500;
+
+/// The bound the test holds the exit to: far above the flush, because the kernel may take
+/// seconds to end an observer thread still working in the idle class (it must run once; up to
+/// 4.4 s measured unprivileged, see README "Exit codes and lifecycle"); below what an exit that
+/// waited for the observer took (10–22 s here, never in the run the issue reports).
+const EXIT_BOUND: Duration = Duration::from_secs(10);
+
+/// One busy loop per CPU, at normal priority, stopped (and joined) when dropped: a failing test
+/// leaves nothing spinning.
+struct BusyLoops {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyLoops {
+    fn on_every_cpu() -> BusyLoops {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        BusyLoops { stop, threads }
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn burst() -> Vec<u8> {
+    let mut out = String::from(
+        "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"burst\",\"version\":\"1\"}}}\n\
+         {\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n",
+    );
+    for id in 1..=CALLS {
+        out.push_str(&format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"issue_refund\",\"arguments\":{{\"amount_cents\":{id}}}}}}}\n"
+        ));
+    }
+    out.into_bytes()
+}
+
+#[test]
+fn exit_is_bounded_by_the_shutdown_flush_under_busy_loops_on_every_cpu() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events_path = dir.path().join("events.jsonl");
+    let server = example("report_fixture");
+    let ingest = format!("file:{}", events_path.display());
+    let flush = FLUSH_MS.to_string();
+    let mut cmd = wrapper_cmd(
+        &[
+            "--ingest",
+            &ingest,
+            "--shutdown-flush-ms",
+            &flush,
+            "--debug",
+        ],
+        &[server.as_os_str()],
+    );
+    cmd.stdin(Stdio::piped());
+
+    let busy = BusyLoops::on_every_cpu();
+    let mut child = cmd.spawn().expect("spawn wrapper");
+    let stderr = collect(child.stderr.take().expect("stderr"));
+    let stdout = child.stdout.take().expect("stdout");
+    // Every answer read as it comes, so the server never blocks on a full pipe.
+    let (answers_tx, answers) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut n = 0usize;
+        for line in BufReader::new(stdout).lines() {
+            if line.is_err() {
+                break;
+            }
+            n += 1;
+            if n == CALLS + 1 {
+                let _ = answers_tx.send(());
+            }
+        }
+        n
+    });
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&burst()).expect("write the burst");
+    answers
+        .recv_timeout(WAIT)
+        .expect("every call answered through the wrapper");
+
+    drop(stdin);
+    let closed = Instant::now();
+    let status = wait_for(&mut child, EXIT_BOUND);
+    let took = closed.elapsed();
+    drop(busy);
+
+    assert!(status.success(), "the server's exit code: {status:?}");
+    assert!(took < EXIT_BOUND, "exit took {took:?}");
+    assert_eq!(
+        reader.join().expect("reader"),
+        CALLS + 1,
+        "every byte relayed"
+    );
+
+    // Whatever was observed in time: each event a call that succeeded, reported as such, once.
+    let text = std::fs::read_to_string(&events_path).unwrap_or_default();
+    let mut ids = std::collections::HashSet::new();
+    for line in text.lines() {
+        let batch: Value = serde_json::from_str(line).expect("a batch per line");
+        for e in batch["events"].as_array().expect("events") {
+            assert_eq!(e["status"], 200, "a false status: {e}");
+            assert_eq!(e["class"], "action", "{e}");
+            assert!(ids.insert(e["id"].as_str().expect("id").to_string()));
+        }
+    }
+    assert!(ids.len() <= CALLS);
+    // What was not delivered is counted, never reported delivered.
+    let stderr = stderr.text();
+    let totals = stderr
+        .lines()
+        .find(|l| l.contains("Reporter totals"))
+        .unwrap_or_else(|| panic!("no totals in stderr:\n{stderr}"));
+    let count = |key: &str| -> usize {
+        totals
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key}= in {totals}"))
+    };
+    assert!(
+        count("delivered") <= ids.len(),
+        "delivered counts only what reached the sink: {totals} ({} in the file)",
+        ids.len()
+    );
+}
