@@ -190,9 +190,7 @@ impl ObserverShared {
     /// [`crate::pace::lower_current_thread`] while the session lasts, remembering the thread
     /// for [`ObserverShared::restore_threads`].
     fn lower_current_thread(&self) {
-        let Ok(mut lowered) = self.lowered.lock() else {
-            return;
-        };
+        let mut lowered = crate::lock::lock(&self.lowered);
         let (threads, ended) = &mut *lowered;
         if !*ended && crate::pace::lower_current_thread() {
             threads.push(nix::unistd::gettid().as_raw());
@@ -202,11 +200,10 @@ impl ObserverShared {
     /// The session has ended: puts the observer's threads back in the normal class where the
     /// kernel allows it (see [`crate::pace::restore_thread`]), and lowers none from now on.
     fn restore_threads(&self) {
-        if let Ok(mut lowered) = self.lowered.lock() {
-            lowered.1 = true;
-            for &tid in &lowered.0 {
-                crate::pace::restore_thread(tid);
-            }
+        let mut lowered = crate::lock::lock(&self.lowered);
+        lowered.1 = true;
+        for &tid in &lowered.0 {
+            crate::pace::restore_thread(tid);
         }
     }
 }

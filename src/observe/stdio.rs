@@ -96,7 +96,7 @@ impl Progress {
 
     /// The observer's state the last time it ran out of work (all zero if it never did).
     pub fn idle(&self) -> IdleState {
-        self.idle.lock().map(|s| s.clone()).unwrap_or_default()
+        crate::lock::lock(&self.idle).clone()
     }
 
     /// Completes when the observer has nothing to do (it found the tap empty and has taken no
@@ -119,7 +119,8 @@ impl Progress {
     }
 
     fn set_idle(&self, settled: bool, stats: &ObserverStats) {
-        if let Ok(mut s) = self.idle.lock() {
+        {
+            let mut s = crate::lock::lock(&self.idle);
             s.taken = self.taken();
             s.settled = settled;
             s.stats.clone_from(stats);
