@@ -101,8 +101,6 @@ pub const DEFAULT_SERVER_NAME: &str = "mcp";
 pub struct BenchSwitches {
     /// `pacer`: the observer's slices and rests on a CPU shared with the relay (`crate::pace::Pacer`).
     pub pacer: bool,
-    /// `stock`: the read blocks written ahead for the relay (`crate::proxy::stdio::BlockStock`).
-    pub stock: bool,
     /// `idle`: the observer's threads in the idle scheduling class at nice 19
     /// (`crate::pace::lower_current_thread`).
     pub idle: bool,
@@ -118,7 +116,6 @@ impl Default for BenchSwitches {
     fn default() -> Self {
         BenchSwitches {
             pacer: true,
-            stock: true,
             idle: true,
             summary: true,
             trim: true,
@@ -134,7 +131,6 @@ impl BenchSwitches {
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             match name {
                 "pacer" => on.pacer = false,
-                "stock" => on.stock = false,
                 "idle" => on.idle = false,
                 "summary" => {
                     on.summary = false;
@@ -255,7 +251,7 @@ pub enum ConfigWarning {
         "allowed origin {value:?} is not scheme://host[:port] (e.g. https://app.example): ignored"
     )]
     BadOrigin { value: String },
-    #[error("{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, stock, idle, summary, trim: ignored")]
+    #[error("{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, idle, summary, trim: ignored")]
     BadBenchSwitch { value: String },
 }
 
@@ -734,11 +730,11 @@ mod tests {
             value: "bogus".into()
         }));
         let (c, _) =
-            resolve(&["w", "--", "srv"], &[(ENV_BENCH_DISABLE, "summary,stock")]).expect("ok");
+            resolve(&["w", "--", "srv"], &[(ENV_BENCH_DISABLE, "summary,pacer")]).expect("ok");
         assert_eq!(
             c.bench,
             BenchSwitches {
-                stock: false,
+                pacer: false,
                 summary: false,
                 trim: false,
                 ..BenchSwitches::default()

@@ -30,7 +30,7 @@ use crate::observe::{
 };
 use crate::pace::Pacer;
 use crate::proxy::http::{Listener, Upstream, EXIT_START_FAILED};
-use crate::proxy::stdio::{BlockStock, SessionEnd, StdioOutcome, StdioProxy, Tapped, STOCK_BLOCKS};
+use crate::proxy::stdio::{SessionEnd, StdioOutcome, StdioProxy, Tapped};
 use crate::report::{self, ReportConfig, ReportStats, ReportWatch};
 use crate::tap::{self, TapStats};
 
@@ -120,20 +120,10 @@ fn run_stdio(cfg: &Config) -> i32 {
     let (mut c2s, mut s2c, rx, tap_stats) = tap::tap(tap::TAP_CAPACITY);
     c2s.set_trim(cfg.bench.trim);
     s2c.set_trim(cfg.bench.trim);
-    let stocks = [
-        Arc::new(BlockStock::default()),
-        Arc::new(BlockStock::default()),
-    ];
-    let tapped = |tx, stock: &Arc<BlockStock>| {
-        Some(Tapped {
-            tx,
-            stock: stock.clone(),
-        })
-    };
     // The observer's thread starts before the server: only its creation is on this thread, and
     // its start-up (runtime, ingest client, first look at the tap) then overlaps the server's
     // instead of delaying the exit of a short session.
-    let observer = match StdioObserver::start(cfg, rx, stocks.clone()) {
+    let observer = match StdioObserver::start(cfg, rx) {
         Ok(o) => o,
         Err(e) => {
             // Fail open: relay unobserved.
@@ -144,7 +134,7 @@ fn run_stdio(cfg: &Config) -> i32 {
     // The relay runs on its own threads; this (main) thread spawns the server and drives the
     // session.
     let proxy = StdioProxy::new(program.clone(), args.clone());
-    let outcome = proxy.run(tapped(c2s, &stocks[0]), tapped(s2c, &stocks[1]));
+    let outcome = proxy.run(Some(Tapped { tx: c2s }), Some(Tapped { tx: s2c }));
     let cause = session_ended(&outcome);
     observer.finish(cfg, cause, &tap_stats);
     outcome.exit_code
@@ -218,7 +208,6 @@ impl StdioObserver {
     fn start(
         cfg: &Config,
         rx: tap::TapReceiver,
-        stocks: [Arc<BlockStock>; 2],
     ) -> std::io::Result<StdioObserver> {
         let (close, close_rx) = watch::channel(None);
         let shared = Arc::new(ObserverShared::default());
@@ -227,7 +216,7 @@ impl StdioObserver {
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("observe-mcp".into())
-            .spawn(move || observe_stdio(&cfg, rx, stocks, close_rx, thread_shared, done_tx))?;
+            .spawn(move || observe_stdio(&cfg, rx, close_rx, thread_shared, done_tx))?;
         Ok(StdioObserver {
             close,
             shared,
@@ -322,13 +311,12 @@ fn queued_bytes(tap: &TapStats) -> [u64; 2] {
 fn observe_stdio(
     cfg: &Config,
     rx: tap::TapReceiver,
-    stocks: [Arc<BlockStock>; 2],
     mut close: CloseReceiver,
     shared: Arc<ObserverShared>,
     done: std::sync::mpsc::Sender<StdioTotals>,
 ) {
     // Idle class from the first instruction on: nothing this thread does (building the runtime,
-    // the ingest client, filling the block stock) may take the CPU from the relay or the
+    // the ingest client) may take the CPU from the relay or the
     // server starting up.
     let lower = cfg.bench.idle;
     if lower {
@@ -367,9 +355,6 @@ fn observe_stdio(
             ..report_config(cfg, "stdio")
         });
         let _ = shared.report.set(reporter.watch());
-        if cfg.bench.stock {
-            tokio::spawn(fill_stock(stocks, close.clone(), shared.progress.clone()));
-        }
         let observer = Observer::new(observer_config(cfg, Transport::Stdio), queue);
         let opts = StdioOptions {
             summarize: cfg.bench.summary,
@@ -399,25 +384,6 @@ fn observe_stdio(
     rt.shutdown_background();
     if let Some(totals) = totals {
         let _ = done.send(totals);
-    }
-}
-
-/// Writes the relay's block stocks (see [`BlockStock`]) on the observer's thread, a block at a
-/// time and only while the observer has nothing to do, so it never delays observation (nor,
-/// at the end of a short session, the exit); stops when the session ends. Not before traffic
-/// flows: the server has been spawned by then, and blocks written before the spawn's fork would
-/// be copy-on-write after it, a fault per page again.
-async fn fill_stock(stocks: [Arc<BlockStock>; 2], close: CloseReceiver, progress: Arc<Progress>) {
-    for _ in 0..STOCK_BLOCKS {
-        for stock in &stocks {
-            progress.idle_after_traffic().await;
-            if close.borrow().is_some() {
-                return;
-            }
-            stock.fill(1);
-            // The observer goes first if the relay handed it work meanwhile.
-            tokio::task::yield_now().await;
-        }
     }
 }
 

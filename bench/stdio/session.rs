@@ -36,8 +36,6 @@ pub const BENCH_TOKEN: &str = "obs1.bench.c2ln";
 pub enum Mechanism {
     /// The observer's pacing rules (slices and yields while the relay is busy).
     Pacer,
-    /// The pre-written stock of relay read blocks.
-    Stock,
     /// The observer's idle scheduling class.
     Idle,
     /// Head/tail summaries of large messages.
@@ -50,9 +48,8 @@ pub enum Mechanism {
 pub const ENV_DISABLE: &str = "BOUNDED_BENCH_DISABLE";
 
 impl Mechanism {
-    pub const ALL: [Mechanism; 5] = [
+    pub const ALL: [Mechanism; 4] = [
         Mechanism::Pacer,
-        Mechanism::Stock,
         Mechanism::Idle,
         Mechanism::Summary,
         Mechanism::Trim,
@@ -61,7 +58,6 @@ impl Mechanism {
     pub fn name(self) -> &'static str {
         match self {
             Mechanism::Pacer => "pacer",
-            Mechanism::Stock => "stock",
             Mechanism::Idle => "idle",
             Mechanism::Summary => "summary",
             Mechanism::Trim => "trim",
@@ -131,7 +127,6 @@ impl Target {
             Target::Wrap(WrapMode::File) => "wrap:file",
             Target::Wrap(WrapMode::FileWithout(m)) => match m {
                 Mechanism::Pacer => "wrap:file-no-pacer",
-                Mechanism::Stock => "wrap:file-no-stock",
                 Mechanism::Idle => "wrap:file-no-idle",
                 Mechanism::Summary => "wrap:file-no-summary",
                 Mechanism::Trim => "wrap:file-no-trim",

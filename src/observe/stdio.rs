@@ -68,12 +68,6 @@ pub struct Progress {
     taken: [AtomicU64; 2],
     /// The observer's state the last time it ran out of work.
     idle: Mutex<IdleState>,
-    /// The observer has taken in bytes at least once.
-    first: AtomicBool,
-    /// The observer found the tap empty and has taken no work since.
-    waiting: AtomicBool,
-    /// Notified each time the observer runs out of work (see [`Progress::idle_after_traffic`]).
-    idle_wake: tokio::sync::Notify,
 }
 
 /// The observer's state when it last ran out of work (see [`Progress::idle`]).
@@ -99,34 +93,15 @@ impl Progress {
         crate::lock::lock(&self.idle).clone()
     }
 
-    /// Completes when the observer has nothing to do (it found the tap empty and has taken no
-    /// work since), once traffic has flowed (so the server and the relay have started): for work
-    /// on the observer's thread that must never delay observation. For one waiter at a time.
-    pub async fn idle_after_traffic(&self) {
-        while !(self.first.load(Relaxed) && self.waiting.load(Relaxed)) {
-            // A notify_one between the loads and this await leaves a permit: nothing is missed.
-            self.idle_wake.notified().await;
-        }
-    }
-
     fn add_taken(&self, dir: Direction, n: usize) {
         self.taken[dir.index()].fetch_add(n as u64, Relaxed);
-        self.first.store(true, Relaxed);
-    }
-
-    fn set_busy(&self) {
-        self.waiting.store(false, Relaxed);
     }
 
     fn set_idle(&self, settled: bool, stats: &ObserverStats) {
-        {
-            let mut s = crate::lock::lock(&self.idle);
-            s.taken = self.taken();
-            s.settled = settled;
-            s.stats.clone_from(stats);
-        }
-        self.waiting.store(true, Relaxed);
-        self.idle_wake.notify_one();
+        let mut s = crate::lock::lock(&self.idle);
+        s.taken = self.taken();
+        s.settled = settled;
+        s.stats.clone_from(stats);
     }
 }
 
@@ -449,7 +424,6 @@ pub async fn run_tap_observer_with<S: EventSink>(
             break false;
         }
         let worked = got == Drained::Some;
-        progress.set_busy();
         look(&rx, closing);
         let mut left = [0usize; 2];
         for msg in &batch {

@@ -747,40 +747,6 @@ async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
 }
 
 #[tokio::test]
-async fn idle_after_traffic_waits_for_traffic_then_for_the_observer_to_run_out_of_work() {
-    use bytes::Bytes;
-    let (mut c2s, s2c, rx, _stats) = crate::tap::tap(64);
-    let (_close, close_rx) = tokio::sync::watch::channel(None);
-    let opts = StdioOptions {
-        summarize: true,
-        close: close_rx,
-        progress: Default::default(),
-    };
-    let progress = opts.progress.clone();
-    let task = tokio::spawn(async move {
-        run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), no_pacing(), &opts).await
-    });
-    let quiet = Duration::from_millis(50);
-    assert!(
-        tokio::time::timeout(quiet, progress.idle_after_traffic())
-            .await
-            .is_err(),
-        "no traffic yet"
-    );
-    c2s.offer(
-        Instant::now(),
-        Bytes::from(format!("{}\n", call(json!(1), "a", json!({})))),
-    );
-    tokio::time::timeout(Duration::from_secs(20), progress.idle_after_traffic())
-        .await
-        .expect("idle once the chunk is observed");
-    assert_ne!(progress.taken()[0], 0);
-    c2s.close(Instant::now());
-    drop(s2c);
-    task.await.expect("task");
-}
-
-#[tokio::test]
 async fn without_summaries_a_large_result_is_read_whole() {
     use bytes::Bytes;
     let text = "z".repeat(2 * frame::WHOLE_FRAME_BYTES);

@@ -1,7 +1,7 @@
 //! Stdio proxy: the wrapped server as a child, two relay loops, and the session's lifecycle
 //! (DESIGN §2 invariants 1–3, 6, 7; §8; §9).
 //!
-//! In: a server command, optionally a [`Tapped`] (tap sender and block stock) per direction.
+//! In: a server command, optionally a [`Tapped`] (tap sender) per direction.
 //! Out: the server's bytes on our stdout and the client's on its stdin, unchanged and in order;
 //! each chunk read also handed to the tap (the same bytes, not a copy); a [`StdioOutcome`]: the
 //! exit code to use and who ended the session ([`SessionEnd`], which the wiring turns into how
@@ -57,7 +57,6 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 pub use child::{exit_code, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_NO_STDIO};
-pub use relay::{BlockStock, STOCK_BLOCKS};
 use relay::{Note, TapSlot};
 
 use crate::tap::TapSender;
@@ -80,12 +79,9 @@ pub const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// must not keep the wrapper alive forever.
 pub const KILL_GRACE: Duration = Duration::from_secs(1);
 
-/// One observed direction, as the relay takes it: where its chunks go, and where its fresh read
-/// blocks come from when the tap still holds every pooled one (see [`BlockStock`]; an empty
-/// stock is never filled, and the relay then allocates).
+/// One observed direction, as the relay takes it: where its chunks go.
 pub struct Tapped {
     pub tx: TapSender,
-    pub stock: Arc<BlockStock>,
 }
 
 /// Signals forwarded to the child's process group (invariant 6).
@@ -175,8 +171,8 @@ impl StdioProxy {
             }
         };
         let group = Arc::new(spawned.group);
-        let c2s = c2s.map(|t| TapSlot::new(t.tx, t.stock));
-        let s2c = s2c.map(|t| TapSlot::new(t.tx, t.stock));
+        let c2s = c2s.map(|t| TapSlot::new(t.tx));
+        let s2c = s2c.map(|t| TapSlot::new(t.tx));
         let (tx, rx) = mpsc::channel();
 
         if let Some(mut signals) = signals {

@@ -7,9 +7,8 @@
 //! filled parts it gives to the tap as they are: the bytes written onward are the bytes the
 //! observer gets, with no copy (a copy per chunk cost the relay thread ~40 % more CPU per MB).
 //! Writes go out with `write_all` on an unbuffered descriptor (no `BufWriter`, no `LineWriter`
-//! holding a partial line). Observed, fresh blocks come first from a [`BlockStock`] written
-//! ahead off this path, so a burst that outruns the observer does not page-fault here. Must
-//! never parse, log per chunk, allocate when unobserved, or wait on the observer.
+//! holding a partial line). Must never parse, log per chunk, allocate when unobserved, or wait
+//! on the observer.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -42,8 +41,7 @@ pub enum Note {
 
 /// One direction's tap sender, shared with the session so it can close the tap even when the
 /// relay thread is stuck in a read that will never return (the abandoned stdin reader): the
-/// observer only finishes once every sender is gone. Also holds that direction's
-/// [`BlockStock`].
+/// observer only finishes once every sender is gone.
 pub struct TapSlot {
     tx: Mutex<Option<TapSender>>,
     /// Bytes were read and announced ([`TapSlot::begin`]) and are not offered or settled yet.
@@ -51,7 +49,6 @@ pub struct TapSlot {
     forwarding: AtomicBool,
     /// Signalled when `forwarding` ends, for [`TapSlot::close`].
     handed: Condvar,
-    pub stock: Arc<BlockStock>,
 }
 
 /// How long [`TapSlot::close`] waits for bytes its relay thread already forwarded to be offered.
@@ -61,12 +58,11 @@ pub struct TapSlot {
 const HAND_OFF_WAIT: Duration = Duration::from_millis(100);
 
 impl TapSlot {
-    pub fn new(tx: TapSender, stock: Arc<BlockStock>) -> Arc<Self> {
+    pub fn new(tx: TapSender) -> Arc<Self> {
         Arc::new(TapSlot {
             tx: Mutex::new(Some(tx)),
             forwarding: AtomicBool::new(false),
             handed: Condvar::new(),
-            stock,
         })
     }
 
@@ -160,55 +156,9 @@ const MIN_READ: usize = 16 * 1024;
 /// Blocks kept for reuse per observed loop: the tap (or the observer) may still hold pieces of
 /// the last few; a block is reused once all of its pieces are dropped. Without the pool every
 /// block went back to the allocator, which returned its pages to the kernel, and every new
-/// block page-faulted them back in: a third more CPU per MB on the relay thread. As many as
-/// [`STOCK_BLOCKS`], so every stocked block stays in use once taken.
-const POOL_BLOCKS: usize = STOCK_BLOCKS;
-
-/// Blocks per observed direction written ahead (see [`BlockStock`]): 2 × 32 × 64 KiB = 4 MiB,
-/// half the tap's byte budget (`crate::tap::TAP_BUDGET_BYTES`) and about what a burst of 20,000
-/// small calls leaves queued while the observer waits for the CPU.
-pub const STOCK_BLOCKS: usize = 32;
-
-/// Read blocks for one observed direction, allocated and written through ahead of need
-/// ([`BlockStock::fill`]) by a thread other than the relay's: the wiring has the observer's
-/// thread fill them in its first idle moments (idle class, so never at the relay's or the
-/// starting server's expense; written on the relay's path before it started, they delayed a
-/// session's first byte by ~1.5–2.5 ms; written before the spawn's fork, their pages were
-/// copy-on-write after it).
-/// When a burst outruns the observer, every block the tap still holds is in use and the relay
-/// needs fresh ones; a fresh block's pages are then first touched by `read(2)`, one page fault
-/// per 4 KiB (~1.5 µs on the VMs we measure on): 30 faults per 1,000 pipelined calls on the
-/// client→server thread, close to half its CPU in such a burst. The relay takes a stocked block
-/// only when no pooled one is free, so the pool's few hot blocks keep serving steady traffic and
-/// large frames, and a stocked block, once taken, stays in the pool for later bursts. The price
-/// is this memory in every observed session that lasts long enough for the fill.
-#[derive(Default)]
-pub struct BlockStock(Mutex<Vec<BytesMut>>);
-
-impl BlockStock {
-    /// Allocates `count` blocks of [`READ_BUF`] and writes every page of each, making each
-    /// available to the relay as soon as it is ready.
-    pub fn fill(&self, count: usize) {
-        for _ in 0..count {
-            // Written, not allocated zeroed: calloc may hand back pages it has not touched.
-            let mut block = BytesMut::with_capacity(READ_BUF);
-            block.resize(READ_BUF, 0);
-            block.clear();
-            lock(&self.0).push(block);
-        }
-    }
-
-    /// A stocked block, if one is ready. Never waits: while `fill` holds the lock it is none.
-    fn take(&self) -> Option<BytesMut> {
-        try_lock(&self.0)?.pop()
-    }
-
-    /// Blocks ready (tests).
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        lock(&self.0).len()
-    }
-}
+/// block page-faulted them back in: a third more CPU per MB on the relay thread. 32 blocks
+/// (2 MiB) cover what a burst leaves queued while the observer catches up.
+const POOL_BLOCKS: usize = 32;
 
 /// Where a relay loop reads. Unobserved: one fixed buffer, reused for every read. Observed:
 /// blocks of [`READ_BUF`] filled read by read; each read's bytes are split off as a [`Bytes`]
@@ -237,20 +187,16 @@ impl ReadBuf {
     }
 
     /// Reads once (see [`read_chunk`]); `Ok(0)` is EOF. The bytes are then in [`ReadBuf::filled`].
-    /// `stock`: where a fresh block comes from when no pooled one is free.
-    fn read<R: Read + AsFd>(&mut self, r: &mut R, stock: Option<&BlockStock>) -> io::Result<usize> {
+    fn read<R: Read + AsFd>(&mut self, r: &mut R) -> io::Result<usize> {
         match self {
             ReadBuf::Fixed(buf) => read_chunk(r, buf),
             ReadBuf::Blocks { cur, pool } => {
                 cur.clear();
                 if cur.capacity() < MIN_READ && !cur.try_reclaim(READ_BUF) {
                     let free = pool.iter_mut().position(|b| b.try_reclaim(READ_BUF));
-                    let next = match free.and_then(|i| pool.remove(i)) {
-                        Some(b) => b,
-                        None => stock
-                            .and_then(BlockStock::take)
-                            .unwrap_or_else(|| BytesMut::with_capacity(READ_BUF)),
-                    };
+                    let next = free
+                        .and_then(|i| pool.remove(i))
+                        .unwrap_or_else(|| BytesMut::with_capacity(READ_BUF));
                     let full = std::mem::replace(cur, next);
                     if pool.len() == POOL_BLOCKS {
                         pool.pop_front();
@@ -320,7 +266,7 @@ pub fn client_to_server<W: Write + AsFd>(
     let mut buf = ReadBuf::new(tap.is_some());
     let mut output = Some(output);
     loop {
-        let n = match buf.read(&mut input, tap.as_ref().map(|t| &*t.stock)) {
+        let n = match buf.read(&mut input) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -360,7 +306,7 @@ pub fn server_to_client<R: Read + AsFd>(
 ) {
     let mut buf = ReadBuf::new(tap.is_some());
     let note = loop {
-        let n = match buf.read(&mut input, tap.as_ref().map(|t| &*t.stock)) {
+        let n = match buf.read(&mut input) {
             Ok(0) | Err(_) => break Note::ServerEof,
             Ok(n) => n,
         };
@@ -390,7 +336,7 @@ mod tests {
     use super::*;
 
     /// Covers the `unsafe` in [`read_spare`]: every byte read is handed over exactly once, in
-    /// order, whether the tap still holds earlier blocks (stocked, then fresh blocks) or has let
+    /// order, whether the tap still holds earlier blocks (fresh blocks then) or has let
     /// them go (blocks reused in place), with reads of every size up to a full pipe.
     #[test]
     fn observed_reads_hand_over_exactly_the_bytes_read() {
@@ -403,14 +349,11 @@ mod tests {
             }
         });
         let mut buf = ReadBuf::new(true);
-        let stock = BlockStock::default();
-        stock.fill(3);
-        assert_eq!(stock.len(), 3);
         let mut got = Vec::new();
         let mut held = Vec::new();
         let mut reads = 0;
         loop {
-            let n = buf.read(&mut r, Some(&stock)).expect("read");
+            let n = buf.read(&mut r).expect("read");
             if n == 0 {
                 break;
             }
@@ -435,37 +378,6 @@ mod tests {
         writer.join().expect("writer");
         assert_eq!(got.len(), data.len());
         assert!(got == data, "bytes differ");
-        assert_eq!(
-            stock.len(),
-            0,
-            "held chunks made the relay take the stocked blocks"
-        );
-    }
-
-    #[test]
-    fn a_stocked_block_is_taken_only_when_no_pooled_one_is_free() {
-        let (mut r, mut w) = std::io::pipe().expect("pipe");
-        let stock = BlockStock::default();
-        stock.fill(2);
-        let mut buf = ReadBuf::new(true);
-        // Each read's chunk is dropped at once (an observer keeping up): the first block is
-        // reclaimed in place again and again, and the stock is never touched.
-        for _ in 0..40 {
-            w.write_all(&[b'x'; 30_000]).expect("write");
-            let n = buf.read(&mut r, Some(&stock)).expect("read");
-            assert_eq!(n, 30_000);
-            drop(buf.take());
-        }
-        assert_eq!(stock.len(), 2);
-        // Chunks held (an observer behind): the block fills up and the next comes from the stock.
-        let mut held = Vec::new();
-        for _ in 0..4 {
-            w.write_all(&[b'y'; 30_000]).expect("write");
-            buf.read(&mut r, Some(&stock)).expect("read");
-            held.push(buf.take());
-        }
-        assert!(stock.len() < 2, "a fresh block came from the stock");
-        assert!(held.iter().all(|c| c.iter().all(|&b| b == b'y')));
     }
 
     /// A relay thread preempted between its write and its hand-off (by the server it just woke,
