@@ -251,7 +251,9 @@ pub enum ConfigWarning {
         "allowed origin {value:?} is not scheme://host[:port] (e.g. https://app.example): ignored"
     )]
     BadOrigin { value: String },
-    #[error("{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, idle, summary, trim: ignored")]
+    #[error(
+        "{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, idle, summary, trim: ignored"
+    )]
     BadBenchSwitch { value: String },
 }
 

@@ -1,6 +1,6 @@
 //! The crate's one way to take a lock: poisoning is recovered from, never propagated.
 //!
-//! Owns [`lock`], [`try_lock`], [`read`] and [`write()`], what every `Mutex` and `RwLock` in
+//! Owns [`lock`], [`read`] and [`write()`], what every `Mutex` and `RwLock` in
 //! the crate is taken with. A lock is poisoned when a thread panicked while holding it; every
 //! lock here guards data that stays whole through such a panic (a queue, a slot, a cache,
 //! counters: nothing is left half written), so the next holder takes it as it is. Propagating
@@ -9,22 +9,11 @@
 //! serving cannot afford. Must never guard data whose invariants a panic midway could break:
 //! such data needs its own recovery.
 
-use std::sync::{
-    Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError,
-};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// `m.lock()`, taking the data as it is if another holder panicked.
 pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// `m.try_lock()`: `None` only while another holder has it, never because one panicked.
-pub fn try_lock<T: ?Sized>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    }
 }
 
 /// `l.read()`, taking the data as it is if a writer panicked.
@@ -54,8 +43,7 @@ mod tests {
         .join();
         assert!(m.is_poisoned() && l.is_poisoned());
         lock(&m).push(3);
-        try_lock(&m).expect("free, if poisoned").push(4);
-        assert_eq!(*lock(&m), vec![1, 3, 4]);
+        assert_eq!(*lock(&m), vec![1, 3]);
         *write(&l) += 1;
         assert_eq!(*read(&l), 3);
     }

@@ -205,10 +205,7 @@ struct StdioTotals {
 }
 
 impl StdioObserver {
-    fn start(
-        cfg: &Config,
-        rx: tap::TapReceiver,
-    ) -> std::io::Result<StdioObserver> {
+    fn start(cfg: &Config, rx: tap::TapReceiver) -> std::io::Result<StdioObserver> {
         let (close, close_rx) = watch::channel(None);
         let shared = Arc::new(ObserverShared::default());
         let (done_tx, done) = std::sync::mpsc::channel();

@@ -23,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::READ_BUF;
-use crate::lock::{lock, try_lock};
+use crate::lock::lock;
 use crate::tap::TapSender;
 
 /// What a relay loop (or the waiter) tells the session when it is done.
@@ -387,7 +387,7 @@ mod tests {
     fn closing_waits_for_bytes_already_forwarded() {
         use crate::tap::{Drained, TapMsg};
         let (c2s, _s2c, mut rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-        let slot = TapSlot::new(c2s, Arc::default());
+        let slot = TapSlot::new(c2s);
         slot.begin();
         let relay = {
             let slot = slot.clone();
@@ -406,7 +406,7 @@ mod tests {
         assert!(matches!(out.pop_front(), Some(TapMsg::Closed { .. })));
         // Nothing announced: closing does not wait.
         let (c2s, _s2c, _rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-        let slot = TapSlot::new(c2s, Arc::default());
+        let slot = TapSlot::new(c2s);
         let t0 = Instant::now();
         slot.close(t0);
         assert!(t0.elapsed() < HAND_OFF_WAIT);
