@@ -247,17 +247,24 @@ impl ReporterHandle {
 impl ReportWatch {
     /// The totals as of the last batch the batcher finished, plus the queue's drops since.
     pub fn snapshot(&self) -> ReportStats {
-        let mut s = crate::lock::lock(&self.published).clone();
+        self.with_queue_drops(crate::lock::lock(&self.published).clone())
+    }
+
+    /// Events the queue took that the totals do not account for yet: queued, in the batch being
+    /// filled, in flight, or rejected by the filter since the last batch.
+    pub fn outstanding(&self) -> u64 {
+        self.outstanding_after(&crate::lock::lock(&self.published))
+    }
+
+    fn with_queue_drops(&self, mut s: ReportStats) -> ReportStats {
         let q = self.queue_dropped.load(Ordering::Relaxed);
         s.queue_full += q;
         s.dropped += q;
         s
     }
 
-    /// Events the queue took that the totals do not account for yet: queued, in the batch being
-    /// filled, in flight, or rejected by the filter since the last batch.
-    pub fn outstanding(&self) -> u64 {
-        let s = crate::lock::lock(&self.published).clone();
+    /// [`ReportWatch::outstanding`] against the published totals `s`.
+    fn outstanding_after(&self, s: &ReportStats) -> u64 {
         let accounted = s.delivered + s.filtered + s.failed + s.unsent;
         self.accepted
             .load(Ordering::Relaxed)
@@ -269,8 +276,11 @@ impl ReportWatch {
     /// unsent when events were going nowhere). An event in a batch that was being written at
     /// that moment may still arrive: it is counted as lost, never as delivered.
     pub fn abandoned(&self) -> ReportStats {
-        let mut s = self.snapshot();
-        let left = self.outstanding();
+        // One reading of the published totals for both, so a batch published in between
+        // cannot count its events neither as delivered nor as lost.
+        let published = crate::lock::lock(&self.published).clone();
+        let left = self.outstanding_after(&published);
+        let mut s = self.with_queue_drops(published);
         if self.sink {
             s.failed += left;
             s.dropped += left;
