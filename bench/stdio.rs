@@ -252,6 +252,11 @@ fn driver_main(args: &[String]) -> i32 {
             return 2;
         }
     }
+    plan.contended_own_user = args.iter().any(|a| a == "--contended-own-user");
+    if let Some(n) = arg_value(args, "--scenario-runs").and_then(|v| v.parse().ok()) {
+        plan.typical_runs = n;
+        plan.contended_runs = n;
+    }
     let main_table = !args.iter().any(|a| a == "--scenarios-only");
     let mut phases: Vec<&str> = Vec::new();
     if main_table && !args.iter().any(|a| a == "--unpinned-only") && !smoke {
@@ -368,6 +373,7 @@ fn run_scenarios(exe: &std::path::Path, plan: &scenarios::Plan) -> (String, bool
         healthy: None,
         black_hole: None,
         serial: 0,
+        run_as: None,
     };
     let _tmp = if std::env::var_os(ENV_KEEP_TMP).is_some() {
         eprintln!("bench: keeping scenario logs in {}", tmp.path().display());
@@ -455,6 +461,7 @@ fn phase_main(args: &[String]) -> i32 {
         healthy: healthy.as_ref().map(|h| h.addr),
         black_hole: black_hole.as_ref().map(|h| h.addr),
         serial: 0,
+        run_as: None,
     };
     let tmp_path = tmp.path().to_path_buf();
     let _tmp = if std::env::var_os(ENV_KEEP_TMP).is_some() {

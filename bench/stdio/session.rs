@@ -36,7 +36,7 @@ pub const BENCH_TOKEN: &str = "obs1.bench.c2ln";
 pub enum Mechanism {
     /// The observer's pacing rules (slices and yields while the relay is busy).
     Pacer,
-    /// The observer's idle scheduling class.
+    /// The observer's lowered priority (batch class, nice 19): nice 0, normal class.
     Idle,
     /// Head/tail summaries of large messages.
     Summary,
@@ -154,6 +154,9 @@ pub struct Ctx {
     pub healthy: Option<SocketAddr>,
     pub black_hole: Option<SocketAddr>,
     pub serial: u64,
+    /// The uid (and gid) the targets run as, when not the harness's own: see
+    /// [`Ctx::unprivileged`].
+    pub run_as: Option<u32>,
 }
 
 /// A snapshot of the target's top process, taken while it is still alive.
@@ -217,6 +220,8 @@ pub struct Launch {
     pub env: Vec<(&'static str, &'static str)>,
     /// Where the `file:` sink writes, for counting events afterwards.
     pub events_file: Option<PathBuf>,
+    /// Run as this uid and gid (see [`Ctx::run_as`]).
+    pub run_as: Option<u32>,
 }
 
 impl Launch {
@@ -277,6 +282,7 @@ impl Launch {
             argv,
             env,
             events_file,
+            run_as: ctx.run_as,
         })
     }
 
@@ -287,6 +293,10 @@ impl Launch {
         clean_env(&mut cmd);
         for (k, v) in &self.env {
             cmd.env(k, v);
+        }
+        if let Some(id) = self.run_as {
+            // std drops the supplementary groups too when the parent is root.
+            cmd.uid(id).gid(id);
         }
         cmd
     }
@@ -307,6 +317,22 @@ impl Ctx {
         let mut v: Vec<OsString> = vec![self.exe.clone().into(), "--role".into(), "server".into()];
         v.extend(mode.arg().map(OsString::from));
         v
+    }
+
+    /// The uid a user without privileges runs as (`nobody`), when the harness runs as root: what
+    /// an MCP client's user is. A root wrapper may move its observer back to the normal class
+    /// (`CAP_SYS_NICE`), which hides the cost of its lowered priority at exit. The temp dir is opened
+    /// to that user so its `file:` sink can write there. `None` when the harness is not root
+    /// (it already runs unprivileged) or the temp dir cannot be opened.
+    pub fn unprivileged(&self) -> Option<u32> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        const NOBODY: u32 = 65534;
+        // /proc/self belongs to the process's effective uid.
+        if std::fs::metadata("/proc/self").ok()?.uid() != 0 {
+            return None;
+        }
+        std::fs::set_permissions(&self.tmp, std::fs::Permissions::from_mode(0o777)).ok()?;
+        Some(NOBODY)
     }
 
     /// A fresh label for one session's files in the temp dir.
