@@ -153,10 +153,10 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// thread needs to hand its totals back after its own deadline.
 const HAND_BACK: Duration = Duration::from_millis(5);
 
-/// The stdio observer and reporter: one thread in the idle scheduling class (see
+/// The stdio observer and reporter: one thread at nice 19 in the batch class (see
 /// [`crate::pace`]) with a runtime of its own. The session's (main) thread never waits for it
-/// past the shutdown flush: an idle-class thread may not get the CPU back for as long as
-/// normal-priority threads keep every CPU busy, so the deadline is kept by the session's thread,
+/// past the shutdown flush: such a thread gets little of a CPU that normal-priority threads
+/// keep busy, so the deadline is kept by the session's thread,
 /// and what the observer did not get to is counted from what [`Progress`] and [`ReportWatch`]
 /// say.
 struct StdioObserver {
@@ -171,7 +171,7 @@ struct ObserverShared {
     progress: Arc<Progress>,
     report: OnceLock<ReportWatch>,
     pacer: OnceLock<Arc<Pacer>>,
-    /// Threads put in the idle class (see [`ObserverShared::lower_current_thread`]), and
+    /// Threads lowered (see [`ObserverShared::lower_current_thread`]), and
     /// whether the session has ended (then no thread is lowered any more).
     lowered: std::sync::Mutex<(Vec<i32>, bool)>,
 }
@@ -236,7 +236,7 @@ impl StdioObserver {
             observe_until,
             deliver_by,
         }));
-        // The relay is done: the idle class protected nothing any more, and in it the observer's
+        // The relay is done: the lowered priority protects nothing any more, and at it the observer's
         // thread may neither finish in time nor, busy at exit, let the process end promptly.
         self.shared.restore_threads();
         let queued = queued_bytes(tap_stats);
