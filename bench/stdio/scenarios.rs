@@ -389,7 +389,11 @@ fn contended(ctx: &mut Ctx, plan: &Plan) -> (usize, Option<u32>, Vec<ContendedRe
     let targets = if plan.contended_relay_only {
         vec![Target::Relay]
     } else {
-        plan.with_ablations(&[Target::Relay, Target::Wrap(WrapMode::File)])
+        plan.with_ablations(&[
+            Target::Relay,
+            Target::Wrap(WrapMode::NoIngest),
+            Target::Wrap(WrapMode::File),
+        ])
     };
     let n = online_cpus();
     ctx.run_as = if plan.contended_own_user {
