@@ -312,7 +312,7 @@ fn observe_stdio(
     shared: Arc<ObserverShared>,
     done: std::sync::mpsc::Sender<StdioTotals>,
 ) {
-    // Idle class from the first instruction on: nothing this thread does (building the runtime,
+    // Lowered from the first instruction on: nothing this thread does (building the runtime,
     // the ingest client) may take the CPU from the relay or the server starting up.
     let lower = cfg.bench.idle;
     if lower {
