@@ -226,14 +226,18 @@ pub fn resolve(args: &ObserveArgs, env: &Env, disabled: bool) -> (Option<OtlpCon
         ));
         return (None, warnings);
     }
+    let mut warned: Vec<&str> = Vec::new();
     for slot in [&mut traces, &mut metrics] {
-        if let Some((url, origin)) = slot.as_ref() {
-            if !check_url(url) {
+        if let Some((url, origin)) = slot.take() {
+            if check_url(&url) {
+                *slot = Some((url, origin));
+            } else if !warned.contains(&origin) {
+                // One base makes both signals' URLs: one warning for it.
+                warned.push(origin);
                 warnings.push(format!(
                     "OTLP endpoint {:?} from {origin} is not an http(s):// URL: not exported there",
-                    redact_url(url)
+                    redact_url(&url)
                 ));
-                *slot = None;
             }
         }
     }

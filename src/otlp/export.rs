@@ -288,6 +288,12 @@ impl Exporter {
             self.shared.spans_dropped.load(Relaxed) + self.shared.queue_dropped.load(Relaxed);
         let c = counts.unwrap_or_default();
         let before = st.last_counts;
+        let window = metrics::Window {
+            start: st.start,
+            last_export: st.last_metrics,
+            now,
+            temporality: t,
+        };
         list.push(metrics::counter(
             "bounded.sensor.events.dropped",
             "{event}",
@@ -300,10 +306,7 @@ impl Exporter {
                     before.ingest_dropped,
                 ),
             ],
-            st.start,
-            st.last_metrics,
-            now,
-            t,
+            window,
         ));
         if self.counters.is_some() {
             if let Some(unobserved) = c.calls_unobserved {
@@ -312,10 +315,7 @@ impl Exporter {
                     "{call}",
                     "Calls that made no event: their answer may have been lost on the way to the observer.",
                     &[(vec![], unobserved, before.calls_unobserved.unwrap_or(0))],
-                    st.start,
-                    st.last_metrics,
-                    now,
-                    t,
+                    window,
                 ));
             }
             list.push(metrics::counter(
@@ -323,10 +323,7 @@ impl Exporter {
                 "By",
                 "Bytes the relay forwarded but could not hand to the observer.",
                 &[(vec![], c.tap_bytes_dropped, before.tap_bytes_dropped)],
-                st.start,
-                st.last_metrics,
-                now,
-                t,
+                window,
             ));
         }
         let (service, version) = st.current.clone();

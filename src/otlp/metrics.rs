@@ -210,18 +210,28 @@ pub struct SensorCounts {
 /// Where the sensor's totals come from (the wiring in `run` knows the tap and the reporter).
 pub type CounterSource = std::sync::Arc<dyn Fn() -> SensorCounts + Send + Sync>;
 
-/// A monotonic sum of one or more points: `(attributes, total now, total at the last delivered
-/// export)`.
+/// One point of a counter: its attributes, the total now, the total at the last delivered
+/// export.
+pub type CounterPoint = (Vec<(&'static str, &'static str)>, u64, u64);
+
+/// The time window of an export: process start, last delivered export, now (Unix ns).
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub start: u64,
+    pub last_export: u64,
+    pub now: u64,
+    pub temporality: Temporality,
+}
+
+/// A monotonic sum of one or more points.
 pub fn counter(
     name: &str,
     unit: &str,
     description: &str,
-    points: &[(Vec<(&'static str, &'static str)>, u64, u64)],
-    start: u64,
-    last_export: u64,
-    now: u64,
-    temporality: Temporality,
+    points: &[CounterPoint],
+    w: Window,
 ) -> Metric {
+    let (start, last_export, now, temporality) = (w.start, w.last_export, w.now, w.temporality);
     let data_points = points
         .iter()
         .map(|(attrs, total, before)| {
