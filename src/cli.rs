@@ -42,7 +42,7 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "PATH")]
     pub ingest_ca: Option<std::path::PathBuf>,
 
-    /// OTLP/HTTP base URL: every tools/call also becomes a span and metric points (/v1/traces, /v1/metrics appended); works with or without a token [env: BOUNDED_OTLP_ENDPOINT, then OTEL_EXPORTER_OTLP_ENDPOINT] [default: off]
+    /// OTLP/HTTP base URL: every tools/call also becomes a span and metric points (/v1/traces, /v1/metrics appended); works with or without a token; request headers (an API key) from BOUNDED_OTLP_HEADERS or OTEL_EXPORTER_OTLP_HEADERS, never logged [env: BOUNDED_OTLP_ENDPOINT, then OTEL_EXPORTER_OTLP_ENDPOINT] [default: off]
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 
