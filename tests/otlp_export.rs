@@ -505,3 +505,253 @@ fn the_server_gets_the_otel_variables_unchanged_and_none_of_ours() {
         assert!(env.lines().any(|l| l == want), "{want}: {env}");
     }
 }
+
+/// An `http_fixture_server` upstream; killed on drop.
+struct Upstream {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Upstream {
+    fn start(mode: &str) -> Upstream {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(stdio_support::example("http_fixture_server"))
+            .arg(mode)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("spawn the fixture (cargo build --examples)");
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("fixture prints its URL");
+        let url = line
+            .trim()
+            .strip_prefix("listening ")
+            .expect("listening line")
+            .to_string();
+        Upstream { child, url }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The wrapper in HTTP mode in front of `upstream`, exporting to `otlp`; returns it and its
+/// port once it listens.
+fn http_proxy(upstream: &str, otlp: &str, protocol: &str) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(stdio_support::wrapper_bin())
+        .env_clear()
+        .args(["--http", "--upstream", upstream, "--otlp-endpoint", otlp])
+        .args(["--otlp-protocol", protocol])
+        .args(["--flush-ms", "100", "--shutdown-flush-ms", "3000"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the proxy");
+    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let port = loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).expect("stderr") > 0,
+            "no listening line"
+        );
+        if let Some(rest) = line.strip_prefix("[observe-mcp] listening http://127.0.0.1:") {
+            let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            break port.parse().expect("port");
+        }
+    };
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while err.read_line(&mut sink).unwrap_or(0) > 0 {
+            sink.clear();
+        }
+    });
+    (child, port)
+}
+
+fn stop(mut child: std::process::Child) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "the proxy did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_mode_spans_carry_the_upstream_and_the_traceparent_header_protobuf() {
+    http_mode("http/protobuf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_mode_spans_carry_the_upstream_and_the_traceparent_header_json() {
+    http_mode("http/json").await;
+}
+
+async fn http_mode(protocol: &str) {
+    let (addr, log) = receiver();
+    let upstream = Upstream::start("raw");
+    let (proxy, port) = http_proxy(&upstream.url, &format!("http://{addr}"), protocol);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let post = |body: Value, traceparent: Option<&str>| {
+        let mut req = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .body(body.to_string());
+        if let Some(t) = traceparent {
+            req = req.header("traceparent", t);
+        }
+        req.send()
+    };
+    let header_tp = format!("00-{TRACE_ID}-{PARENT}-01");
+    let meta_trace = "0af7651916cd43dd8448eb211c80319c";
+    let meta_tp = format!("00-{meta_trace}-b7ad6b7169203331-01");
+    post(
+        json!({"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}),
+        None,
+    )
+    .await
+    .expect("discover");
+    let r = post(
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+               "params":{"name":"delay","arguments":{"ms":5}}}),
+        Some(&header_tp),
+    )
+    .await
+    .expect("delay");
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+    let r = post(
+        json!({"jsonrpc":"2.0","id":3,"method":"tools/call",
+               "params":{"name":"other","arguments":{},"_meta":{"traceparent":meta_tp}}}),
+        Some(&header_tp),
+    )
+    .await
+    .expect("other");
+    let _ = r.bytes().await;
+    let r = post(
+        json!({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"fail","arguments":{}}}),
+        None,
+    )
+    .await
+    .expect("fail");
+    assert_eq!(r.status(), 503);
+    let _ = r.bytes().await;
+    // The client gives up on a call that never ends: a cancellation.
+    let hang = tokio::time::timeout(
+        Duration::from_millis(500),
+        post(
+            json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"hang","arguments":{}}}),
+            None,
+        )
+        .and_then_bytes(),
+    )
+    .await;
+    assert!(hang.is_err(), "hang never ends");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::spawn_blocking(move || stop(proxy))
+        .await
+        .expect("stopped");
+
+    // An upstream that is not there: a transport failure.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let gone = format!("http://{}/mcp", closed.local_addr().expect("addr"));
+    drop(closed);
+    let (proxy, port) = http_proxy(&gone, &format!("http://{addr}"), protocol);
+    let r = client
+        .post(format!("http://127.0.0.1:{port}/mcp"))
+        .header("content-type", "application/json")
+        .body(json!({"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"gone","arguments":{}}}).to_string())
+        .send()
+        .await
+        .expect("proxy answers");
+    assert_eq!(r.status(), 502);
+    tokio::task::spawn_blocking(move || stop(proxy))
+        .await
+        .expect("stopped");
+
+    let log = log.lock().expect("log").clone();
+    let (spans, _) = decode(&log, protocol);
+    let by_tool = |t: &str| {
+        spans
+            .iter()
+            .find(|(_, s)| attr_str(&s.attributes, "gen_ai.tool.name") == Some(t))
+            .unwrap_or_else(|| panic!("a span for {t}: {spans:#?}"))
+    };
+    let upstream_port = i64::from(
+        reqwest::Url::parse(&upstream.url)
+            .expect("url")
+            .port()
+            .expect("port"),
+    );
+    let (res, delay) = by_tool("delay");
+    assert_eq!(hex(&delay.trace_id), TRACE_ID, "the traceparent header");
+    assert_eq!(hex(&delay.parent_span_id), PARENT);
+    assert_eq!(
+        attr_str(&delay.attributes, "network.transport"),
+        Some("tcp")
+    );
+    assert_eq!(
+        attr_str(&delay.attributes, "network.protocol.name"),
+        Some("http")
+    );
+    assert_eq!(
+        attr_str(&delay.attributes, "server.address"),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        attr(&delay.attributes, "server.port"),
+        Some(&Any::IntValue(upstream_port))
+    );
+    assert_eq!(attr(&delay.attributes, "error.type"), None);
+    assert_eq!(attr_str(res, "service.version"), Some("1.0.0"));
+    let (_, other) = by_tool("other");
+    assert_eq!(
+        hex(&other.trace_id),
+        meta_trace,
+        "_meta wins over the header"
+    );
+    let (_, fail) = by_tool("fail");
+    assert_eq!(attr_str(&fail.attributes, "error.type"), Some("transport"));
+    assert_eq!(
+        attr(&fail.attributes, "bounded.status"),
+        Some(&Any::IntValue(503))
+    );
+    let (_, hang) = by_tool("hang");
+    assert_eq!(attr_str(&hang.attributes, "error.type"), Some("cancelled"));
+    let (_, gone) = by_tool("gone");
+    assert_eq!(attr_str(&gone.attributes, "error.type"), Some("transport"));
+    for (_, s) in &spans {
+        assert_eq!(s.kind, 2);
+    }
+}
+
+/// `send()` and then read the whole body: the future a client awaits for a whole answer.
+trait AndThenBytes {
+    fn and_then_bytes(self) -> impl std::future::Future<Output = ()>;
+}
+
+impl<F: std::future::Future<Output = reqwest::Result<reqwest::Response>>> AndThenBytes for F {
+    async fn and_then_bytes(self) {
+        if let Ok(r) = self.await {
+            let _ = r.bytes().await;
+        }
+    }
+}
