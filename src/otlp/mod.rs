@@ -163,13 +163,22 @@ pub fn start_with(s: OtlpStart, tuning: Tuning) -> (OtlpQueue, OtlpHandle) {
         tracing::warn!("OTLP exporter started outside a tokio runtime: nothing is exported");
         return (queue, handle);
     };
-    let client = crate::http_client::build(&crate::http_client::ClientOptions {
+    let opts = crate::http_client::ClientOptions {
         connect_timeout: tuning.connect_timeout,
         request_timeout: tuning.request_timeout,
         extra_roots: s.cfg.ca.clone(),
         // One request in flight at a time: one idle connection per endpoint is all it reuses.
         max_idle_per_host: 1,
-    });
+    };
+    let plain = [&s.cfg.traces, &s.cfg.metrics]
+        .into_iter()
+        .flatten()
+        .all(|u| u.starts_with("http://"));
+    let client = if plain {
+        crate::http_client::build_plain(&opts)
+    } else {
+        crate::http_client::build(&opts)
+    };
     let client = match client {
         Ok(c) => c,
         Err(e) => {
