@@ -75,6 +75,9 @@ fn receiver() -> (SocketAddr, Log) {
     (addr, log)
 }
 
+/// An `Mcp-Session-Id` the client sends: only its keyed hash may leave.
+const RAW_SESSION: &str = "mcp-session-raw-canary-8812";
+
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
 
@@ -616,7 +619,11 @@ async fn http_mode(protocol: &str) {
             .header("mcp-protocol-version", "2026-07-28")
             .body(body.to_string());
         if let Some(t) = traceparent {
-            req = req.header("traceparent", t);
+            // The traced calls also run in a session (the others must not: a client that
+            // closes a session's stream has not cancelled, it may resume).
+            req = req
+                .header("traceparent", t)
+                .header("mcp-session-id", RAW_SESSION);
         }
         req.send()
     };
@@ -738,6 +745,15 @@ async fn http_mode(protocol: &str) {
     assert_eq!(attr_str(&hang.attributes, "error.type"), Some("cancelled"));
     let (_, gone) = by_tool("gone");
     assert_eq!(attr_str(&gone.attributes, "error.type"), Some("transport"));
+    let session = attr_str(&delay.attributes, "mcp.session.id").expect("a session id");
+    assert_eq!(session.len(), 16, "the keyed hash, not {RAW_SESSION}");
+    for r in &log {
+        assert!(
+            !contains(&r.body, RAW_SESSION.as_bytes()),
+            "{protocol}: the raw Mcp-Session-Id in an OTLP {} body",
+            r.path
+        );
+    }
     for (_, s) in &spans {
         assert_eq!(s.kind, 2);
     }

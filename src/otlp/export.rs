@@ -45,6 +45,8 @@ pub struct Shared {
     pub spans_sent: AtomicU64,
     pub spans_dropped: AtomicU64,
     pub filtered: AtomicU64,
+    /// Calls taken with no traces endpoint (metrics only): no span to send.
+    pub untraced: AtomicU64,
     pub metric_exports: AtomicU64,
     pub metric_failures: AtomicU64,
 }
@@ -194,6 +196,7 @@ impl Exporter {
                         .record(attrs, secs, span::unix_nanos(SystemTime::now()));
                 }
                 if self.cfg.traces.is_none() {
+                    self.shared.untraced.fetch_add(1, Relaxed);
                     return;
                 }
                 let (Ok(trace), Ok(span_id)) =

@@ -229,7 +229,8 @@ impl OtlpHandle {
         let filtered = s.filtered.load(Relaxed);
         let failed = s.spans_dropped.load(Relaxed);
         let accepted = s.accepted.load(Relaxed);
-        let unaccounted = accepted.saturating_sub(sent + filtered + failed);
+        let untraced = s.untraced.load(Relaxed);
+        let unaccounted = accepted.saturating_sub(sent + filtered + failed + untraced);
         OtlpStats {
             spans_sent: sent,
             spans_dropped: failed + s.queue_dropped.load(Relaxed) + unaccounted,

@@ -245,3 +245,127 @@ pub fn default_service_name(dest_host: &str) -> String {
         dest_host.strip_prefix("mcp://").unwrap_or(dest_host)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::metrics::v1::{ResourceMetrics, ScopeMetrics};
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
+    use serde_json::{json, Value};
+
+    fn sample_span() -> Span {
+        let ev: Event = serde_json::from_value(crate::event::filter::tests::sample())
+            .expect("the sample is an Event");
+        let start =
+            std::time::UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_123_456_789);
+        let facts = CallFacts {
+            start,
+            end: start + std::time::Duration::from_millis(3),
+            request_id: Some("7".into()),
+            trace: None,
+            listed: true,
+            server_version: None,
+        };
+        span(
+            &ev,
+            &facts,
+            &Network::http("http://127.0.0.1:8080/mcp"),
+            ([0xab; 16], [0xcd; 8]),
+        )
+    }
+
+    /// The OTLP JSON encoding rules, on what `opentelemetry-proto`'s serde mapping writes: ids
+    /// as lower-case hex, enums as integers, 64-bit integers as decimal strings, camelCase.
+    #[test]
+    fn the_json_mapping_follows_the_otlp_json_rules() {
+        let req = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(resource("mcp:x", Some("1.0"), &[])),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(scope()),
+                    spans: vec![sample_span()],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let v: Value = serde_json::to_value(&req).expect("serialises");
+        let s = &v["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+        assert_eq!(s["traceId"], json!("ab".repeat(16)));
+        assert_eq!(s["spanId"], json!("cd".repeat(8)));
+        assert_eq!(s["kind"], json!(2));
+        assert_eq!(s["startTimeUnixNano"], json!("1700000000123456789"));
+        assert_eq!(s["endTimeUnixNano"], json!("1700000000126456789"));
+        let port = s["attributes"]
+            .as_array()
+            .expect("attributes")
+            .iter()
+            .find(|a| a["key"] == json!("server.port"))
+            .expect("server.port");
+        assert_eq!(port["value"], json!({"intValue": "8080"}));
+        // And it reads back as the same message.
+        let back: ExportTraceServiceRequest = serde_json::from_value(v).expect("reads back");
+        assert_eq!(back, req);
+
+        let mut h = super::super::metrics::Histograms::new("m", "d");
+        h.record(vec![("k", "v".into())], 0.5, 5);
+        let metric = h
+            .export(9, super::super::config::Temporality::Cumulative)
+            .expect("metric");
+        let req = ExportMetricsServiceRequest {
+            resource_metrics: vec![ResourceMetrics {
+                scope_metrics: vec![ScopeMetrics {
+                    metrics: vec![metric],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let v: Value = serde_json::to_value(&req).expect("serialises");
+        let m = &v["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0];
+        let p = &m["histogram"]["dataPoints"][0];
+        assert_eq!(m["histogram"]["aggregationTemporality"], json!(2));
+        assert_eq!(p["count"], json!("1"));
+        assert_eq!(p["timeUnixNano"], json!("9"));
+        assert_eq!(p["bucketCounts"][5], json!("1"));
+        assert_eq!(p["explicitBounds"][0], json!(0.01));
+    }
+
+    #[test]
+    fn an_error_has_status_error_and_no_message() {
+        let mut ev: Event = serde_json::from_value(crate::event::filter::tests::sample())
+            .expect("the sample is an Event");
+        ev.err = Some(crate::event::EventErr {
+            kind: ErrKind::Jsonrpc,
+            code: Some(-32601),
+        });
+        assert_eq!(error_type(&ev).as_deref(), Some("-32601"));
+        ev.err = Some(crate::event::EventErr {
+            kind: ErrKind::Tool,
+            code: None,
+        });
+        assert_eq!(error_type(&ev).as_deref(), Some("tool_error"));
+        let s = sample_span();
+        assert_eq!(
+            s.name,
+            format!("tools/call {}", attr(&s, "gen_ai.tool.name"))
+        );
+        assert_eq!(attr(&s, "network.transport"), "tcp");
+        assert_eq!(attr(&s, "server.address"), "127.0.0.1");
+    }
+
+    fn attr(s: &Span, k: &str) -> String {
+        match s
+            .attributes
+            .iter()
+            .find(|a| a.key == k)
+            .and_then(|a| a.value.clone())
+            .and_then(|v| v.value)
+        {
+            Some(any_value::Value::StringValue(v)) => v,
+            other => format!("{other:?}"),
+        }
+    }
+}
