@@ -361,13 +361,15 @@ fn observe_stdio(
             Pacer::new(false)
         });
         let _ = shared.pacer.set(pacer.clone());
-        // Observer and reporter share this thread and, on a CPU shared with the relay, one pace.
+        // Observer, reporter and OTLP exporter share this thread and, on a CPU shared with the
+        // relay, one pace.
         let (queue, reporter) = report::start(ReportConfig {
             pacer: Some(pacer.clone()),
             ..report_config(cfg, "stdio")
         });
         let _ = shared.report.set(reporter.watch());
-        let (otlp_queue, otlp) = start_otlp(cfg, Network::stdio(), Some(counters));
+        let (otlp_queue, otlp) =
+            start_otlp(cfg, Network::stdio(), Some(counters), Some(pacer.clone()));
         let queue = WithOtlp {
             inner: queue,
             otlp: otlp_queue,
@@ -460,6 +462,7 @@ fn start_otlp(
     cfg: &Config,
     net: Network,
     counters: Option<CounterSource>,
+    pacer: Option<Arc<Pacer>>,
 ) -> (Option<otlp::OtlpQueue>, Option<otlp::OtlpHandle>) {
     let Some(o) = &cfg.otlp else {
         return (None, None);
@@ -470,6 +473,7 @@ fn start_otlp(
         flush: cfg.flush,
         debug: cfg.debug,
         counters,
+        pacer,
     });
     (Some(q), Some(h))
 }
@@ -606,7 +610,7 @@ async fn observe_and_report(
         calls_unobserved: None,
         tap_bytes_dropped: handoff.dropped_bytes.load(Relaxed),
     });
-    let (otlp_queue, otlp) = start_otlp(cfg, net, Some(counters));
+    let (otlp_queue, otlp) = start_otlp(cfg, net, Some(counters), None);
     let queue = WithOtlp {
         inner: queue,
         otlp: otlp_queue,

@@ -63,6 +63,7 @@ pub(crate) struct Exporter {
     pub deadline: watch::Receiver<Option<tokio::time::Instant>>,
     pub shared: Arc<Shared>,
     pub counters: Option<CounterSource>,
+    pub pacer: Option<Arc<crate::pace::Pacer>>,
 }
 
 struct State {
@@ -128,6 +129,9 @@ impl Exporter {
                 item = self.rx.recv(), if room => match item {
                     Some(item) => {
                         self.take(&mut st, item);
+                        if let Some(p) = &self.pacer {
+                            p.pace();
+                        }
                         if st.spans.len() >= MAX_BATCH_SPANS && !cooling {
                             self.send_spans(&mut st).await;
                         }

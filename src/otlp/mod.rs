@@ -137,6 +137,9 @@ pub struct OtlpStart {
     pub flush: Duration,
     pub debug: bool,
     pub counters: Option<CounterSource>,
+    /// Paces the exporter with the observer and reporter on a CPU shared with the relay
+    /// (stdio; see [`crate::pace`]).
+    pub pacer: Option<Arc<crate::pace::Pacer>>,
 }
 
 /// Starts the exporter on the current tokio runtime. Outside one, or when no client can be
@@ -197,6 +200,7 @@ pub fn start_with(s: OtlpStart, tuning: Tuning) -> (OtlpQueue, OtlpHandle) {
         deadline: deadline_rx,
         shared,
         counters: s.counters,
+        pacer: s.pacer,
     };
     handle.task = Some(rt.spawn(exporter.run()));
     (queue, handle)
