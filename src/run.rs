@@ -256,11 +256,11 @@ impl StdioObserver {
         let report = self.shared.report.get();
         let idle = self.shared.progress.idle();
         // With OTLP on, the exporter's last spans and metrics are always still to send.
-        let nothing_left = cfg.otlp.is_none() && queued == [0, 0]
-            || cfg.otlp.is_none()
-                && (idle.settled
+        let nothing_left = cfg.otlp.is_none()
+            && (queued == [0, 0]
+                || (idle.settled
                     && idle.taken == queued
-                    && report.is_none_or(|r| r.outstanding() == 0));
+                    && report.is_none_or(|r| r.outstanding() == 0)));
         let (observer, report, finished) = if nothing_left {
             // Every byte was observed with nothing held, and every event delivered: ending the
             // observer would make nothing more, so the exit does not wait for its thread.
