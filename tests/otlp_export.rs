@@ -771,3 +771,77 @@ impl<F: std::future::Future<Output = reqwest::Result<reqwest::Response>>> AndThe
         }
     }
 }
+
+/// A receiver that answers `statuses` in turn (then 200), recording what it got.
+fn failing_receiver(statuses: Vec<u16>) -> (SocketAddr, Log) {
+    let log: Log = Arc::default();
+    let queue = Arc::new(Mutex::new(std::collections::VecDeque::from(statuses)));
+    let handler = {
+        let log = log.clone();
+        move |uri: Uri, headers: HeaderMap, body: Bytes| {
+            let log = log.clone();
+            let queue = queue.clone();
+            async move {
+                let status = queue.lock().expect("queue").pop_front().unwrap_or(200);
+                if status == 200 {
+                    receive(State(log), uri, headers, body).await
+                } else {
+                    StatusCode::from_u16(status).expect("status")
+                }
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/v1/traces", post(handler.clone()))
+        .route("/v1/metrics", post(handler));
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    std_listener.set_nonblocking(true).expect("nonblocking");
+    let addr = std_listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+            axum::serve(listener, app).await.expect("serve");
+        });
+    });
+    (addr, log)
+}
+
+#[test]
+fn a_503_is_retried_once_and_a_400_is_dropped_and_counted() {
+    // The first request fails with 503: its one retry delivers it.
+    let (addr, log) = failing_receiver(vec![503]);
+    let out = wrapper_run(
+        "http/protobuf",
+        &format!("http://{addr}"),
+        &session_input(&[]),
+        &[],
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let (spans, _) = decode(&log.lock().expect("log"), "http/protobuf");
+    assert_eq!(spans.len(), 6, "{}", out.stderr);
+    assert!(out.stderr.contains("spans_dropped=0"), "{}", out.stderr);
+
+    // 400 is not retried: the spans are dropped, counted and said once; the relay is the same.
+    let (addr, log) = failing_receiver(vec![400, 400, 400, 400]);
+    let out2 = wrapper_run(
+        "http/protobuf",
+        &format!("http://{addr}"),
+        &session_input(&[]),
+        &[],
+    );
+    assert_eq!(out2.code(), Some(0), "{}", out2.stderr);
+    assert_eq!(out2.stdout, out.stdout);
+    let (spans, _) = decode(&log.lock().expect("log"), "http/protobuf");
+    assert!(spans.is_empty(), "{spans:?}");
+    assert!(out2.stderr.contains("spans_dropped=6"), "{}", out2.stderr);
+    assert_eq!(
+        out2.stderr.matches("OTLP export failed").count(),
+        1,
+        "{}",
+        out2.stderr
+    );
+}
