@@ -695,7 +695,23 @@ async fn http_mode(protocol: &str) {
         .expect("stopped");
 
     let log = log.lock().expect("log").clone();
-    let (spans, _) = decode(&log, protocol);
+    let (spans, metrics) = decode(&log, protocol);
+    // The session of the traced calls ended with the proxy: its duration was recorded.
+    let sessions: Vec<_> = metrics
+        .iter()
+        .flat_map(|m| &m.resource_metrics)
+        .flat_map(|r| &r.scope_metrics)
+        .flat_map(|s| &s.metrics)
+        .filter(|m| m.name == "mcp.server.session.duration")
+        .collect();
+    assert!(
+        sessions
+            .iter()
+            .any(|m| matches!(&m.data, Some(Data::Histogram(h))
+            if h.data_points.iter().any(|p| p.count > 0
+                && attr_str(&p.attributes, "network.protocol.name") == Some("http")))),
+        "{protocol}: {sessions:#?}"
+    );
     let by_tool = |t: &str| {
         spans
             .iter()
@@ -729,6 +745,7 @@ async fn http_mode(protocol: &str) {
     );
     assert_eq!(attr(&delay.attributes, "error.type"), None);
     assert_eq!(attr_str(res, "service.version"), Some("1.0.0"));
+    assert_eq!(attr_str(res, "service.name"), Some("mcp:raw-fixture"));
     let (_, other) = by_tool("other");
     assert_eq!(
         hex(&other.trace_id),

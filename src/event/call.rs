@@ -102,6 +102,8 @@ pub struct CallFacts {
     pub listed: bool,
     /// `serverInfo.version`, when the server gave one the envelope could carry.
     pub server_version: Option<SharedStr>,
+    /// `--name`, else `serverInfo.name` (in HTTP mode `dest.host` is the upstream's address).
+    pub server_name: Option<SharedStr>,
 }
 
 /// One MCP session that ended (stdio: the wrapper's; HTTP: an `Mcp-Session-Id`).

@@ -298,6 +298,12 @@ impl<S: EventSink> Observer<S> {
                 trace: extra.and_then(|e| e.trace),
                 listed: self.catalog.listed(&event.rec.action),
                 server_version: self.server_version.clone(),
+                server_name: self
+                    .cfg
+                    .server_name
+                    .as_deref()
+                    .or(self.server_name.as_deref())
+                    .map(SharedStr::from),
             };
             self.sink.emit_call(event, facts);
         } else {

@@ -409,6 +409,17 @@ impl<S: EventSink> Observer<S> {
             };
             self.finish_action(aid, outcome, now);
         }
+        // HTTP sessions still open at the end end here (only a sink that wants call facts
+        // hears of it).
+        let open: Vec<StreamId> = self
+            .scopes
+            .iter()
+            .filter(|(_, i)| i.opened.is_some() && self.sink.wants_call_facts())
+            .map(|(s, _)| *s)
+            .collect();
+        for scope in open {
+            self.end_scope(scope, now, cause);
+        }
         if self.cfg.transport == super::Transport::Stdio && self.sink.wants_call_facts() {
             let protocol = self.session_for(StreamId(0)).and_then(|s| s.protocol);
             self.sink.session_ended(SessionFacts {

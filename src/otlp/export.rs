@@ -169,11 +169,14 @@ impl Exporter {
                     self.shared.filtered.fetch_add(1, Relaxed);
                     return;
                 };
-                let service = self
-                    .cfg
-                    .service_name
-                    .clone()
-                    .unwrap_or_else(|| span::default_service_name(&ev.dest.host));
+                let service =
+                    self.cfg
+                        .service_name
+                        .clone()
+                        .unwrap_or_else(|| match &facts.server_name {
+                            Some(n) => format!("mcp:{n}"),
+                            None => span::default_service_name(&ev.dest.host),
+                        });
                 let version = facts.server_version.as_ref().map(|v| v.to_string());
                 st.current = (service, version);
                 if self.cfg.metrics.is_some() {

@@ -237,8 +237,8 @@ pub fn scope() -> InstrumentationScope {
     }
 }
 
-/// The default `service.name`: `mcp:` and the server's name, from `dest.host` (`mcp://<name>`
-/// in stdio mode, the upstream's `host[:port]` in HTTP mode).
+/// The default `service.name` when the server's name is not known: `mcp:` and `dest.host`
+/// (`mcp://<name>` in stdio mode, the upstream's `host[:port]` in HTTP mode).
 pub fn default_service_name(dest_host: &str) -> String {
     format!(
         "mcp:{}",
@@ -267,6 +267,7 @@ mod tests {
             trace: None,
             listed: true,
             server_version: None,
+            server_name: None,
         };
         span(
             &ev,
