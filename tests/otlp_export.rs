@@ -128,6 +128,15 @@ fn session_input(extra_calls: &[Value]) -> Vec<u8> {
     out
 }
 
+/// Removes the `OTEL_*` variables this test process inherited: the runs set their own.
+fn clean_otel(cmd: &mut std::process::Command) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("OTEL_") {
+            cmd.env_remove(&k);
+        }
+    }
+}
+
 fn wrapper_run(protocol: &str, endpoint: &str, input: &[u8], extra_env: &[(&str, &str)]) -> Run {
     let mut cmd = wrap_fixture(
         &[
@@ -143,6 +152,7 @@ fn wrapper_run(protocol: &str, endpoint: &str, input: &[u8], extra_env: &[(&str,
         ],
         &["outcomes"],
     );
+    clean_otel(&mut cmd);
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -488,6 +498,7 @@ fn a_dead_or_black_holed_endpoint_does_not_change_the_relay() {
 fn the_server_gets_the_otel_variables_unchanged_and_none_of_ours() {
     let (addr, _log) = receiver();
     let mut cmd = stdio_support::wrapper_cmd(&[], &[std::ffi::OsStr::new("env")]);
+    clean_otel(&mut cmd);
     cmd.env("BOUNDED_OTLP_ENDPOINT", format!("http://{addr}"))
         .env("BOUNDED_OTLP_HEADERS", "x-api-key=ours")
         .env(
@@ -861,4 +872,51 @@ fn a_503_is_retried_once_and_a_400_is_dropped_and_counted() {
         "{}",
         out2.stderr
     );
+}
+
+#[test]
+fn beside_the_ingest_each_event_is_also_a_span_with_its_id() {
+    let (addr, log) = receiver();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("events.jsonl");
+    let mut cmd = wrap_fixture(
+        &[
+            "--otlp-endpoint",
+            &format!("http://{addr}"),
+            "--ingest",
+            &format!("file:{}", file.display()),
+            "--flush-ms",
+            "100",
+        ],
+        &["outcomes"],
+    );
+    clean_otel(&mut cmd);
+    let out = run(cmd, &session_input(&[]));
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let mut ids: Vec<String> = std::fs::read_to_string(&file)
+        .expect("the file sink")
+        .lines()
+        .flat_map(|l| {
+            let batch: Value = serde_json::from_str(l).expect("a batch");
+            batch["events"]
+                .as_array()
+                .expect("events")
+                .iter()
+                .map(|e| e["id"].as_str().expect("id").to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let (spans, _) = decode(&log.lock().expect("log"), "http/protobuf");
+    let mut span_ids: Vec<String> = spans
+        .iter()
+        .map(|(_, s)| {
+            attr_str(&s.attributes, "bounded.event.id")
+                .expect("event id")
+                .to_string()
+        })
+        .collect();
+    ids.sort();
+    span_ids.sort();
+    assert_eq!(ids.len(), 6);
+    assert_eq!(ids, span_ids);
 }

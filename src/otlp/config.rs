@@ -463,6 +463,17 @@ mod tests {
     }
 
     #[test]
+    fn an_unusable_ca_turns_export_off_with_one_warning() {
+        let (c, w) = resolve_with(
+            &["--otlp-endpoint", "https://collector.example:4318"],
+            &[(OTEL_CERTIFICATE, "/nonexistent/ca.pem")],
+        );
+        assert!(c.is_none());
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains(OTEL_CERTIFICATE), "{w:?}");
+    }
+
+    #[test]
     fn a_bad_endpoint_warns_and_its_url_is_redacted() {
         let (c, w) = resolve_with(&["--otlp-endpoint", "ftp://h/?key=sekret"], &[]);
         assert!(c.is_none());
