@@ -205,6 +205,7 @@ pub fn run(ctx: &mut Ctx, plan: &Plan) -> Results {
                     Target::Relay,
                     Target::Wrap(WrapMode::NoIngest),
                     Target::Wrap(WrapMode::File),
+                    Target::Wrap(WrapMode::Otlp),
                 ]);
                 for run in 1..=plan.typical_runs {
                     for (k, _) in targets.iter().enumerate() {
@@ -256,6 +257,7 @@ fn oneshot(ctx: &mut Ctx, plan: &Plan) -> Vec<OneShotRec> {
         Target::Relay,
         Target::Wrap(WrapMode::NoIngest),
         Target::Wrap(WrapMode::File),
+        Target::Wrap(WrapMode::Otlp),
     ]);
     eprintln!(
         "bench: [oneshot] {} sessions per target, interleaved",
