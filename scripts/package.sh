@@ -106,8 +106,7 @@ platform_readme() {
 # $1
 
 The \`bounded-observe-mcp\` binary for $2. npm installs it as an optional dependency of the
-[\`bounded-observe-mcp\`](https://www.npmjs.com/package/bounded-observe-mcp) package, whose
-launcher runs it: install that package, not this one.
+\`bounded-observe-mcp\` package, whose launcher runs it: install that package, not this one.
 EOF
 }
 
@@ -151,7 +150,8 @@ done
 echo "== npm main package"
 main="$stage/npm-main"
 cp -r npm/bounded-observe-mcp "$main"
-cp LICENSE "$main/"
+# The project's README, as on PyPI and crates.io: its mcp.json snippets are the tested ones.
+cp LICENSE README.md "$main/"
 (cd "$main" && npm pack --silent --pack-destination "$root/dist/npm" >/dev/null)
 
 echo "== crate (cargo package builds and verifies it)"
