@@ -36,9 +36,7 @@ want="bounded-observe-mcp $version"
 
 tmp=$(mktemp -d)
 ingest_pid=
-signal_pid=
 cleanup() {
-  [ -z "$signal_pid" ] || kill -KILL "$signal_pid" 2>/dev/null || true
   [ -z "$ingest_pid" ] || { kill -TERM "$ingest_pid" 2>/dev/null && wait "$ingest_pid" 2>/dev/null; } || true
   rm -rf "$tmp"
 }
@@ -63,7 +61,9 @@ expect_version() { # what, then the command
 }
 
 echo "== wrapped server: the payments fixture"
-cargo build --quiet --example payments_server
+# All examples, as scripts/test.sh builds them: the same dependency features, so after the tests
+# nothing is rebuilt.
+cargo build --quiet --examples
 server=$(printf '["%s"]' "$target_dir/debug/examples/payments_server")
 
 echo "== crate: cargo install --path from dist/crate"
@@ -168,24 +168,32 @@ passed=$((passed + 1))
 pass "npm: npx bounded-observe-mcp demo exits 0"
 session npx --cwd "$tmp/npm"
 
-# The launcher between the client and the binary: a SIGTERM sent to it reaches the binary, which
-# forwards it to the server and exits 128+15; the launcher exits with that code. The session's
-# stdin is a fifo held open here, so that only the signal can end it.
-mkfifo "$tmp/stdin"
-exec 7<>"$tmp/stdin"
-(
-  cd "$tmp/npm"
-  exec node_modules/.bin/bounded-observe-mcp -- "$target_dir/debug/examples/payments_server" \
-    <"$tmp/stdin" >/dev/null 2>"$tmp/signal.log"
-) &
-signal_pid=$!
-sleep 2
-kill -TERM "$signal_pid"
-status=0
-wait "$signal_pid" || status=$?
-signal_pid=
-exec 7>&-
-[ "$status" = 143 ] || fail "npm launcher: SIGTERM gave exit status $status, expected 143 ($(cat "$tmp/signal.log"))"
+# The launcher between the client and the binary: once the session is up (an answer to
+# initialize), a SIGTERM sent to the launcher must reach the binary, which forwards it to the
+# server and exits 128+15, and the launcher must exit with that code. Had the launcher not passed
+# it on, it would die of the signal itself (-15 below) and leave the binary running.
+python3 - "$tmp/npm/node_modules/.bin/bounded-observe-mcp" "$target_dir/debug/examples/payments_server" <<'EOF' \
+  || fail "npm launcher: SIGTERM"
+import json, signal, subprocess, sys
+launcher, server = sys.argv[1], sys.argv[2]
+signal.alarm(60)  # a hung session fails the test instead of the run
+p = subprocess.Popen([launcher, "--", server], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=subprocess.DEVNULL)  # the no-token warning, expected here
+try:
+    p.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "package-test", "version": "1"}}}).encode() + b"\n")
+    p.stdin.flush()
+    line = p.stdout.readline()
+    if not line or json.loads(line).get("id") != 1:
+        sys.exit(f"no answer to initialize: {line[:200]!r}")
+    p.send_signal(signal.SIGTERM)
+    code = p.wait(30)
+    sys.exit(0 if code == 143 else f"launcher exit status {code}, expected 143")
+finally:
+    if p.poll() is None:
+        p.kill()
+EOF
 pass "npm: the launcher passes SIGTERM on and exits 143 as the binary did"
 
 echo "== wheel: a fresh virtualenv"
