@@ -5,14 +5,16 @@
 #
 #   crate  dist/crate/*.crate unpacked, `cargo install --path` from it into a temporary root
 #          (both binaries); its bounded-ingest is the ingest the sessions below report to
-#   npm    the main tarball and this machine's platform tarball installed offline into a
-#          temporary prefix; `npx bounded-observe-mcp --version`, `npx bounded-observe-mcp demo`,
-#          and the README's npx snippet as a wrapped session; the launcher's signal and exit code
+#   npm    the main tarball installed offline into a temporary prefix, npm choosing this
+#          machine's platform package among the built tarballs; `npx bounded-observe-mcp
+#          --version`, `npx bounded-observe-mcp demo`, the README's npx snippet as a wrapped
+#          session, and SIGTERM through the launcher
 #   wheel  a fresh virtualenv with the wheel, its entry point for --version and the README's
 #          absolute-path snippet; `uvx` (pinned uv, offline, the wheel as its only source) for
 #          --version and the README's uvx snippet
-#   arm64  where dist/ has the aarch64 packages and qemu-aarch64 is installed: the binary from
-#          the npm tarball and from the wheel, --version and a wrapped session under emulation
+#   arm64  where dist/ has the aarch64 packages and qemu-aarch64 is installed: npm's choice for
+#          an arm64 machine (--cpu=arm64) and the wheel, --version and a wrapped session under
+#          emulation
 #
 # Every session is scripts/package-session.py reading its snippet from README.md. Everything
 # made outside dist/ and the target directory lives in one temporary directory, removed on exit.
