@@ -71,6 +71,7 @@ pub mod keys;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod web;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -290,6 +291,7 @@ pub struct RunningIngest {
     admin_source: AdminSecretSource,
     db_path: PathBuf,
     store: Arc<store::Store>,
+    web: Arc<web::WebState>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -339,12 +341,14 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         source,
     })?;
     let admin_secret = admin.expose().to_string();
+    let web = Arc::new(web::WebState::new(tls.is_some()));
     let state = Arc::new(server::AppState {
         store: store.clone(),
         signer,
         admin,
         limits: cfg.limits,
         admission: admission::Admission::new(&cfg.limits),
+        web: web.clone(),
     });
     let app = server::router(state);
     let listener = tls::IngestListener::new(listener, tls);
@@ -361,6 +365,7 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         admin_source,
         db_path: cfg.db_path,
         store,
+        web,
         stop: Some(stop),
         task,
     })
@@ -392,6 +397,13 @@ impl RunningIngest {
         &self.db_path
     }
 
+    /// `<base>/ui/link?t=…`: opens a live view session in the browser that follows it, once,
+    /// within [`web::LINK_TTL`]. `None` without the OS random generator.
+    pub fn sign_in_link(&self) -> Option<String> {
+        let t = self.web.sign_in_link()?;
+        Some(format!("{}/ui/link?t={t}", self.base_url()))
+    }
+
     /// An admin client bound to this ingest. With TLS it trusts the default roots only: for a
     /// certificate from a private CA, use [`AdminClient::with_extra_roots`].
     pub fn admin_client(&self) -> Result<AdminClient, AdminError> {
@@ -404,6 +416,8 @@ impl RunningIngest {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        // Open live view streams would otherwise hold their connections to the grace period.
+        self.web.close();
         let served = tokio::time::timeout(SHUTDOWN_GRACE, &mut self.task).await;
         if served.is_err() {
             // A client holding a request open past the grace period: cut it off.
