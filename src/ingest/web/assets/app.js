@@ -1,5 +1,5 @@
 // The live view's page script. Every string that came from a sensor is written with
-// textContent (never innerHTML), and the page is served with `default-src 'self'`, so
+// textContent (never parsed as markup), and the page is served with `default-src 'self'`, so
 // nothing a sensor sends can run here.
 "use strict";
 
@@ -52,6 +52,10 @@ async function start() {
 function route() {
   if (!csrf) return;
   const page = (location.hash || "#live").slice(1);
+  // The minted token is shown once: leaving the page forgets it.
+  $("minted").hidden = true;
+  $("minted-token").textContent = "";
+  $("minted-snippet").textContent = "";
   if (page === "tools") { show("tools"); loadTools(); }
   else if (page === "sensors") { show("sensors"); loadKeys(); }
   else { show("live"); }
