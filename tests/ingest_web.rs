@@ -118,7 +118,10 @@ async fn sign_in_sets_a_hardened_session_cookie_the_api_accepts() {
     assert_eq!(events(Some(&cookie)).await.unwrap().status(), 200);
     assert_eq!(events(None).await.unwrap().status(), 401);
     assert_eq!(
-        events(Some("bounded_session=forged")).await.unwrap().status(),
+        events(Some("bounded_session=forged"))
+            .await
+            .unwrap()
+            .status(),
         401
     );
     // The bearer secret keeps working.
@@ -286,7 +289,10 @@ async fn pages_carry_the_content_security_policy_and_no_inline_code() {
                 body.matches("<script src=\"/assets/").count(),
                 "{body}"
             );
-            assert!(!body.contains("<style") && !body.contains("style="), "{body}");
+            assert!(
+                !body.contains("<style") && !body.contains("style="),
+                "{body}"
+            );
             assert!(!body.contains("http://") && !body.contains("https://"));
             for handler in ["onclick=", "onload=", "onsubmit=", "onerror="] {
                 assert!(!body.contains(handler), "inline handler {handler}");
@@ -304,7 +310,10 @@ async fn pages_carry_the_content_security_policy_and_no_inline_code() {
 async fn the_sign_in_link_opens_a_session_once() {
     let web = start().await;
     let link = web.running.sign_in_link().expect("link");
-    assert!(link.starts_with(&format!("{}/ui/link?t=", web.base)), "{link}");
+    assert!(
+        link.starts_with(&format!("{}/ui/link?t=", web.base)),
+        "{link}"
+    );
     let r = web.http.get(&link).send().await.unwrap();
     assert_eq!(r.status(), 303);
     assert_eq!(r.headers()["location"], "/");
@@ -356,8 +365,10 @@ async fn the_stream_pushes_a_committed_event_and_ends_at_shutdown() {
         web.http
             .post(format!("{}/v1/events", web.base))
             .bearer_auth(&key.token)
-            .json(&json!({ "v": 2, "sensor": { "version": "0.1.0", "transport": "stdio" },
-                           "dropped": 0, "events": [event(id, "issue_refund")] }))
+            .json(
+                &json!({ "v": 2, "sensor": { "version": "0.1.0", "transport": "stdio" },
+                           "dropped": 0, "events": [event(id, "issue_refund")] }),
+            )
             .send()
     };
     let before = "0000000000000000000000000000000a";
@@ -440,8 +451,10 @@ async fn tools_figures_cover_the_last_hour() {
         .http
         .post(format!("{}/v1/events", web.base))
         .bearer_auth(&key.token)
-        .json(&json!({ "v": 2, "sensor": { "version": "0.1.0", "transport": "stdio" },
-                       "dropped": 0, "events": events }))
+        .json(
+            &json!({ "v": 2, "sensor": { "version": "0.1.0", "transport": "stdio" },
+                       "dropped": 0, "events": events }),
+        )
         .send()
         .await
         .unwrap();

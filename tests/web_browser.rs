@@ -307,7 +307,8 @@ impl Sensor {
 
     fn request(&mut self, method: &str, params: Value) -> Value {
         self.next_id += 1;
-        let msg = json!({ "jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params });
+        let msg =
+            json!({ "jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params });
         writeln!(self.stdin, "{msg}").expect("write request");
         self.stdin.flush().expect("flush");
         let mut line = String::new();
@@ -346,7 +347,10 @@ async fn the_live_view_in_a_real_browser() {
     let running = ingest::start(cfg).await.expect("ingest starts");
     let base = running.base_url();
     let admin = running.admin_client().expect("admin");
-    let key = admin.mint("acme", Some("browser sensor")).await.expect("mint");
+    let key = admin
+        .mint("acme", Some("browser sensor"))
+        .await
+        .expect("mint");
 
     let d = Driver::start().await;
 
@@ -386,7 +390,10 @@ async fn the_live_view_in_a_real_browser() {
     let mut sensor = Sensor::start(&base, &key.token, "acme-corp");
     sensor.call("issue_refund");
     let took = d
-        .wait_for(&format!("{} === 1", rows_with_tool("issue_refund")), LIVE_WITHIN)
+        .wait_for(
+            &format!("{} === 1", rows_with_tool("issue_refund")),
+            LIVE_WITHIN,
+        )
         .await;
     eprintln!("sensor call to row in the page: {took:?}");
     assert_eq!(
@@ -395,8 +402,11 @@ async fn the_live_view_in_a_real_browser() {
         "the page was not reloaded"
     );
     sensor.call("lookup_customer");
-    d.wait_for(&format!("{} === 1", rows_with_tool("lookup_customer")), LIVE_WITHIN)
-        .await;
+    d.wait_for(
+        &format!("{} === 1", rows_with_tool("lookup_customer")),
+        LIVE_WITHIN,
+    )
+    .await;
     let obo = d
         .js("return document.querySelector('#events-body td.obo').textContent;")
         .await;
@@ -404,30 +414,53 @@ async fn the_live_view_in_a_real_browser() {
 
     // Filters: by tool, then by a class no row has, then cleared.
     d.type_in("#f-tool", "lookup").await;
-    d.wait_for("document.querySelectorAll('#events-body tr').length === 1", WAIT)
-        .await;
-    assert_eq!(d.js(&format!("return {};", rows_with_tool("lookup_customer"))).await, json!(1));
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 1",
+        WAIT,
+    )
+    .await;
+    assert_eq!(
+        d.js(&format!("return {};", rows_with_tool("lookup_customer")))
+            .await,
+        json!(1)
+    );
     d.clear("#f-tool").await;
-    d.js("const s = document.getElementById('f-class'); s.value = 'error'; \
-          s.dispatchEvent(new Event('change')); return 1;")
-        .await;
-    d.wait_for("document.querySelectorAll('#events-body tr').length === 0", WAIT)
-        .await;
-    d.js("const s = document.getElementById('f-class'); s.value = ''; \
-          s.dispatchEvent(new Event('change')); return 1;")
-        .await;
+    d.js(
+        "const s = document.getElementById('f-class'); s.value = 'error'; \
+          s.dispatchEvent(new Event('change')); return 1;",
+    )
+    .await;
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 0",
+        WAIT,
+    )
+    .await;
+    d.js(
+        "const s = document.getElementById('f-class'); s.value = ''; \
+          s.dispatchEvent(new Event('change')); return 1;",
+    )
+    .await;
     d.type_in("#f-org", "acme").await;
-    d.wait_for("document.querySelectorAll('#events-body tr').length === 2", WAIT)
-        .await;
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 2",
+        WAIT,
+    )
+    .await;
     d.clear("#f-org").await;
     d.type_in("#f-org", "other-org").await;
-    d.wait_for("document.querySelectorAll('#events-body tr').length === 0", WAIT)
-        .await;
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 0",
+        WAIT,
+    )
+    .await;
     d.clear("#f-org").await;
     d.js("document.getElementById('f-org').dispatchEvent(new Event('input')); return 1;")
         .await;
-    d.wait_for("document.querySelectorAll('#events-body tr').length === 2", WAIT)
-        .await;
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 2",
+        WAIT,
+    )
+    .await;
 
     // Pause holds new events back; resume shows them.
     d.click("#pause").await;
@@ -438,7 +471,8 @@ async fn the_live_view_in_a_real_browser() {
     )
     .await;
     assert_eq!(
-        d.js(&format!("return {};", rows_with_tool("pause_probe"))).await,
+        d.js(&format!("return {};", rows_with_tool("pause_probe")))
+            .await,
         json!(0)
     );
     d.click("#pause").await;
@@ -465,7 +499,10 @@ async fn the_live_view_in_a_real_browser() {
     // Give an injected handler time to fire, then look for any trace of it.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(d.alert_text().await, None, "an alert opened");
-    assert_eq!(d.js("return typeof window.__xss;").await, json!("undefined"));
+    assert_eq!(
+        d.js("return typeof window.__xss;").await,
+        json!("undefined")
+    );
     assert_eq!(
         d.js("return document.querySelectorAll('#events-body img, #events-body script').length;")
             .await,
@@ -493,8 +530,11 @@ async fn the_live_view_in_a_real_browser() {
 
     // Tools page.
     d.click("#nav-tools").await;
-    d.wait_for("document.querySelectorAll('#tools-list .tool').length >= 4", WAIT)
-        .await;
+    d.wait_for(
+        "document.querySelectorAll('#tools-list .tool').length >= 4",
+        WAIT,
+    )
+    .await;
     let tools_text = d
         .js("return document.getElementById('tools-list').textContent;")
         .await;
@@ -515,8 +555,11 @@ async fn the_live_view_in_a_real_browser() {
 
     // Sensors and keys: mint through the page, then revoke with a confirmation.
     d.click("#nav-sensors").await;
-    d.wait_for("document.querySelectorAll('#keys-body tr').length === 1", WAIT)
-        .await;
+    d.wait_for(
+        "document.querySelectorAll('#keys-body tr').length === 1",
+        WAIT,
+    )
+    .await;
     let row = d
         .js("return document.querySelector('#keys-body tr').textContent;")
         .await;
@@ -545,8 +588,11 @@ async fn the_live_view_in_a_real_browser() {
         snippet["mcpServers"]["ci-runner"]["env"]["BOUNDED_INGEST_BASE"],
         base.as_str()
     );
-    d.wait_for("document.querySelectorAll('#keys-body tr').length === 2", WAIT)
-        .await;
+    d.wait_for(
+        "document.querySelectorAll('#keys-body tr').length === 2",
+        WAIT,
+    )
+    .await;
     // The minted token works as a sensor token.
     let minted_id = token
         .split('.')
@@ -556,8 +602,10 @@ async fn the_live_view_in_a_real_browser() {
     let probe = reqwest::Client::new()
         .post(format!("{base}/v1/events"))
         .bearer_auth(&token)
-        .json(&json!({ "v": 2, "sensor": { "version": "0.1.0", "transport": "http" },
-                       "dropped": 0, "events": [] }))
+        .json(
+            &json!({ "v": 2, "sensor": { "version": "0.1.0", "transport": "http" },
+                       "dropped": 0, "events": [] }),
+        )
         .send()
         .await
         .expect("post");
@@ -578,8 +626,10 @@ async fn the_live_view_in_a_real_browser() {
     let after = reqwest::Client::new()
         .post(format!("{base}/v1/events"))
         .bearer_auth(&token)
-        .json(&json!({ "v": 2, "sensor": { "version": "0.1.0", "transport": "http" },
-                       "dropped": 0, "events": [] }))
+        .json(
+            &json!({ "v": 2, "sensor": { "version": "0.1.0", "transport": "http" },
+                       "dropped": 0, "events": [] }),
+        )
         .send()
         .await
         .expect("post");

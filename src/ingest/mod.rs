@@ -13,6 +13,7 @@
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
 //! * [`tls`]: HTTPS (`--tls-cert` / `--tls-key`, rustls with ring).
+//! * [`web`]: the live view at `/` (sign-in, sessions, the event stream, per-tool figures).
 //!
 //! Files: the database at [`IngestConfig::db_path`] (default [`DEFAULT_DB_PATH`]; its directory
 //! is created owner-only (0700) if missing), plus beside it `<db>.signing-key` (the token
@@ -38,14 +39,16 @@
 //! | `GET /v1/events?org&actor&action&class&limit` | admin secret | `{events: [...]}` newest received first; `limit` 1-1000, default 100 |
 //! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen, refused: {rate, slots}}]}`; `refused` counts 429s and 503s since start |
 //! | `GET /healthz` | none | 200 |
+//! | `GET /`, `/assets/*`, `/ui/*` | see [`web`] | the live view |
 //!
 //! Connections: at most [`DEFAULT_MAX_CONNECTIONS`] open (one more is closed on accept), a
 //! request head within [`DEFAULT_HEADER_READ_TIMEOUT`] of its first byte, idle connections
 //! closed after [`DEFAULT_IDLE_TIMEOUT`]. Counters saturate at `i64::MAX`.
 //!
-//! Both secrets travel as `Authorization: Bearer …`. A schema-invalid event is rejected alone
-//! and counted; `org` and `sensor` on stored events come from the key; an event id is stored once
-//! per org. Bearer secrets cross the wire: off loopback, serve HTTPS ([`IngestConfig::tls`]).
+//! Both secrets travel as `Authorization: Bearer …`; the admin routes also take a live view
+//! session cookie instead (state-changing ones with its CSRF token, see [`web`]). A
+//! schema-invalid event is rejected alone and counted; `org` and `sensor` on stored events come
+//! from the key; an event id is stored once per org. Bearer secrets cross the wire: off loopback, serve HTTPS ([`IngestConfig::tls`]).
 //!
 //! Embedding (e.g. a first-run demo):
 //!

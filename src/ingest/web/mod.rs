@@ -54,7 +54,8 @@ pub const SESSION_COOKIE: &str = "bounded_session";
 /// Header carrying the CSRF token on state-changing calls.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// The policy every page answer carries.
-pub const CSP: &str = "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+pub const CSP: &str =
+    "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 /// Events the stream sends first, before live ones (and most sent per wake-up).
 const STREAM_BACKLOG: u32 = 200;
 /// A comment line on a quiet stream, well inside the ingest's idle timeout.
@@ -189,7 +190,10 @@ impl WebState {
         let now = Instant::now();
         let mut failures = lock(&self.failures);
         let q = failures.get_mut(&addr)?;
-        while q.front().is_some_and(|t| now.duration_since(*t) >= FAILURE_WINDOW) {
+        while q
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= FAILURE_WINDOW)
+        {
             q.pop_front();
         }
         if q.len() < MAX_FAILURES {
@@ -204,7 +208,10 @@ impl WebState {
         let now = Instant::now();
         let mut failures = lock(&self.failures);
         if failures.len() >= MAX_FAILING_ADDRS && !failures.contains_key(&addr) {
-            failures.retain(|_, q| q.back().is_some_and(|t| now.duration_since(*t) < FAILURE_WINDOW));
+            failures.retain(|_, q| {
+                q.back()
+                    .is_some_and(|t| now.duration_since(*t) < FAILURE_WINDOW)
+            });
             if failures.len() >= MAX_FAILING_ADDRS {
                 return;
             }
@@ -289,14 +296,23 @@ fn hardened(mut r: Response) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
 
 fn asset(ctype: &'static str, body: &'static str) -> Response {
-    hardened(([(header::CONTENT_TYPE, HeaderValue::from_static(ctype))], body).into_response())
+    hardened(
+        (
+            [(header::CONTENT_TYPE, HeaderValue::from_static(ctype))],
+            body,
+        )
+            .into_response(),
+    )
 }
 
 async fn index() -> Response {
@@ -377,7 +393,10 @@ fn signed_in_response(state: &AppState, status: StatusCode, location: Option<&st
     let mut r = match location {
         Some(loc) => (
             StatusCode::SEE_OTHER,
-            [(header::LOCATION, HeaderValue::from_str(loc).unwrap_or(HeaderValue::from_static("/")))],
+            [(
+                header::LOCATION,
+                HeaderValue::from_str(loc).unwrap_or(HeaderValue::from_static("/")),
+            )],
         )
             .into_response(),
         None => (status, Json(json!({ "signedIn": true }))).into_response(),
@@ -514,8 +533,9 @@ async fn next_chunk(
             let n = rows.len();
             for (seq, body) in rows {
                 st.after = Some(seq);
-                st.pending
-                    .push_back(bytes::Bytes::from(format!("id: {seq}\nevent: ev\ndata: {body}\n\n")));
+                st.pending.push_back(bytes::Bytes::from(format!(
+                    "id: {seq}\nevent: ev\ndata: {body}\n\n"
+                )));
             }
             if st.after.is_none() {
                 st.after = Some(0);
@@ -559,7 +579,10 @@ async fn tools(
         Ok(events) => hardened(Json(stats::per_tool(&events, now)).into_response()),
         Err(e) => {
             tracing::warn!(error = %e, "Live view tools read failed");
-            json_error(StatusCode::SERVICE_UNAVAILABLE, "store unavailable; retry later")
+            json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store unavailable; retry later",
+            )
         }
     }
 }

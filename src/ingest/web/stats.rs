@@ -77,7 +77,11 @@ pub fn per_tool(events: &[Value], now: SystemTime) -> Value {
             ..Tool::default()
         });
         t.calls[minute] += 1;
-        let ts = ev.get("ts").and_then(Value::as_str).unwrap_or("").to_owned();
+        let ts = ev
+            .get("ts")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
         if ev.get("class").and_then(Value::as_str) == Some("error") {
             t.errors[minute] += 1;
             if let Some(fp) = ev.pointer("/err/fp").and_then(Value::as_str) {
@@ -99,9 +103,13 @@ pub fn per_tool(events: &[Value], now: SystemTime) -> Value {
             t.durations.push(d);
         }
         if let Some(resp) = ev.pointer("/bytes/resp").and_then(Value::as_u64) {
-            let id = ev.get("id").and_then(Value::as_str).unwrap_or("").to_owned();
+            let id = ev
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
             t.largest.push((resp, ts, id));
-            t.largest.sort_by(|a, b| b.0.cmp(&a.0));
+            t.largest.sort_by_key(|l| std::cmp::Reverse(l.0));
             t.largest.truncate(LARGEST);
         }
     }
@@ -193,6 +201,10 @@ mod tests {
         assert_eq!(search["durMs"]["p99"], 99.0);
         assert_eq!(search["largest"][0]["resp"], 990);
         assert_eq!(search["largest"].as_array().unwrap().len(), LARGEST);
-        assert_eq!(search["errorGroups"], Value::Null, "no fingerprints: not reported");
+        assert_eq!(
+            search["errorGroups"],
+            Value::Null,
+            "no fingerprints: not reported"
+        );
     }
 }

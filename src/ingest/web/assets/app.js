@@ -182,11 +182,20 @@ const SVG = "http://www.w3.org/2000/svg";
 function chart(perMinute) {
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("class", "chart");
-  svg.setAttribute("viewBox", "0 0 600 80");
+  svg.setAttribute("viewBox", "0 0 600 96");
   svg.setAttribute("preserveAspectRatio", "none");
   const calls = perMinute.calls || [];
   const errors = perMinute.errors || [];
   const max = Math.max(1, ...calls);
+  for (const [x, anchor, label] of [[0, "start", "60 min ago"], [600, "end", "now"], [300, "middle", "max " + max + "/min"]]) {
+    const t = document.createElementNS(SVG, "text");
+    t.setAttribute("x", String(x));
+    t.setAttribute("y", "94");
+    t.setAttribute("text-anchor", anchor);
+    t.setAttribute("class", "axis");
+    t.textContent = label;
+    svg.appendChild(t);
+  }
   const w = 600 / Math.max(1, calls.length);
   calls.forEach((c, i) => {
     for (const [v, cls] of [[c, "calls"], [errors[i] || 0, "errors"]]) {
@@ -207,7 +216,10 @@ function chart(perMinute) {
   return svg;
 }
 
-function ms(v) { return v === null || v === undefined ? "–" : String(Math.round(v * 10) / 10); }
+function ms(v) {
+  if (v === null || v === undefined) return "–";
+  return v >= 100 ? String(Math.round(v)) : String(Number(v.toPrecision(2)));
+}
 
 async function loadTools() {
   const org = $("t-org").value.trim();
