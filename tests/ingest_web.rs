@@ -488,3 +488,106 @@ async fn tools_figures_cover_the_last_hour() {
     assert_eq!(other["tools"], json!([]));
     web.running.shutdown().await.expect("shutdown");
 }
+
+/// Private values planted in a real sensor's call arguments (under innocent and guilty key
+/// names) appear in none of the bytes the live view serves: the stream, the tools figures, the
+/// keys and the sensors counters the page reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_canaries_reach_no_byte_the_live_view_serves() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+
+    const JWT: &str = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjYW5hcnkifQ.c2lnbmF0dXJlY2FuYXJ5";
+    let canaries = [
+        "canary.person@example.org",
+        "4242 4242 4242 4242",
+        JWT,
+        "sk_live_CANARY0123456789abcdef",
+        "hunter2-canary-password",
+    ];
+    let web = start().await;
+    let admin = web.running.admin_client().unwrap();
+    let key = admin.mint("acme", None).await.unwrap();
+
+    let fixture = std::path::Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
+        .parent()
+        .expect("target dir")
+        .join("examples/report_fixture");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("BOUNDED_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let mut child = cmd
+        .env("BOUNDED_SENSOR_TOKEN", &key.token)
+        .env("BOUNDED_INGEST_BASE", &web.base)
+        .arg("--")
+        .arg(fixture)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn wrapper (cargo build --examples first)");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let msgs = [
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": { "name": "canary", "version": "1" } } }),
+        json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }),
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "issue_refund", "arguments": {
+                "amount_cents": 4900,
+                "customer_email": canaries[0], "note": format!("mail {}", canaries[0]),
+                "card_number": canaries[1], "reason": format!("card {}", canaries[1]),
+                "memo": canaries[2], "authToken": canaries[2],
+                "api_key": canaries[3], "sku": canaries[3],
+                "password": canaries[4], "description": canaries[4],
+            } } }),
+    ];
+    for m in &msgs {
+        writeln!(stdin, "{m}").expect("write");
+        if m.get("id").is_some() {
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("answer");
+        }
+    }
+    drop(stdin);
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .expect("wrapper exits");
+    assert!(status.success());
+
+    let cookie = web.session().await;
+    let mut served = String::new();
+    let mut stream = web
+        .http
+        .get(format!("{}/ui/stream", web.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    served.push_str(&read_until(&mut stream, "issue_refund", Duration::from_secs(10)).await);
+    drop(stream);
+    for path in ["/ui/tools", "/ui/keys", "/v1/admin/sensors", "/v1/rollups"] {
+        let r = web
+            .http
+            .get(format!("{}{path}", web.base))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        served.push_str(&r.text().await.unwrap());
+    }
+    assert!(
+        served.contains("4900"),
+        "the allowed amount is shown: {served}"
+    );
+    for c in canaries {
+        assert!(!served.contains(c), "{c} served by the live view: {served}");
+    }
+    web.running.shutdown().await.expect("shutdown");
+}

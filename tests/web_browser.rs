@@ -541,6 +541,16 @@ async fn the_live_view_in_a_real_browser() {
     let tools_text = tools_text.as_str().expect("text");
     assert!(tools_text.contains("issue_refund") && tools_text.contains("p95"));
     assert!(tools_text.contains(XSS_TOOL), "the tool name as text");
+    // Without fingerprints on the events or `/v1/tools` on the ingest, the page says so.
+    assert!(
+        tools_text.contains("Error groups: not reported"),
+        "{tools_text}"
+    );
+    d.wait_for(
+        "document.getElementById('drift').textContent === 'Definition drift: not reported'",
+        WAIT,
+    )
+    .await;
     assert_eq!(
         d.js("return document.querySelectorAll('#tools-list svg.chart').length >= 4;")
             .await,

@@ -48,7 +48,7 @@ pub const DEFAULT_EVENTS_LIMIT: u32 = 100;
 /// Most events one `GET /v1/events` returns, so one read cannot pull the whole store into memory.
 pub const MAX_EVENTS_LIMIT: u32 = 1000;
 /// Largest admin request body: `{ org, name }` is tiny.
-const MAX_ADMIN_BODY_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_ADMIN_BODY_BYTES: usize = 16 * 1024;
 /// Longest org or key name accepted at minting.
 pub const MAX_ORG_LEN: usize = 128;
 /// Shared batch slots by default; see [`super::Limits::max_concurrent_batches`].
@@ -85,7 +85,7 @@ pub(crate) fn router(state: Shared) -> Router {
 
 /// A refusal: a status and a message for the JSON `{ "error": … }` body.
 #[derive(Debug)]
-struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     message: String,
     /// Sends `Retry-After` ([`RETRY_AFTER_SECS`]).
@@ -227,7 +227,7 @@ fn authenticate_admin_for(
 /// Reads the body up to `limit` bytes. A declared `Content-Length` over the limit is refused
 /// before a byte is read; a chunked body is cut off as soon as it passes the limit. Either way
 /// the body is never buffered beyond the limit. A body not complete within `timeout` is 408.
-async fn read_body(
+pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,

@@ -368,9 +368,16 @@ async fn sign_in(
             "sign-in takes application/json",
         );
     }
-    let bytes = match axum::body::to_bytes(body, 16 * 1024).await {
+    let bytes = match super::server::read_body(
+        &headers,
+        body,
+        super::server::MAX_ADMIN_BODY_BYTES,
+        state.limits.body_read_timeout,
+    )
+    .await
+    {
         Ok(b) => b,
-        Err(_) => return json_error(StatusCode::BAD_REQUEST, "body could not be read"),
+        Err(e) => return hardened(e.into_response()),
     };
     let secret = serde_json::from_slice::<Value>(&bytes)
         .ok()
