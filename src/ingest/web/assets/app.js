@@ -150,9 +150,21 @@ function add(ev) {
 }
 
 function connect() {
+  // A new stream starts with the backlog again.
+  events = [];
+  held = [];
+  $("events-body").replaceChildren();
   source = new EventSource("/ui/stream");
   source.addEventListener("open", () => { $("live-state").textContent = paused ? "paused" : "live"; });
-  source.addEventListener("error", () => { $("live-state").textContent = "reconnecting…"; });
+  source.addEventListener("error", () => {
+    $("live-state").textContent = "reconnecting…";
+    // Refused (the session ended): the browser gives up on the stream; sign in again.
+    if (source && source.readyState === EventSource.CLOSED) {
+      source = null;
+      csrf = null;
+      start();
+    }
+  });
   source.addEventListener("ev", (m) => {
     let ev;
     try { ev = JSON.parse(m.data); } catch (_) { return; }
