@@ -461,6 +461,36 @@ async fn the_live_view_in_a_real_browser() {
         WAIT,
     )
     .await;
+    d.type_in("#f-status", "500").await;
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 0",
+        WAIT,
+    )
+    .await;
+    d.clear("#f-status").await;
+    d.type_in("#f-status", "200").await;
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 2",
+        WAIT,
+    )
+    .await;
+    d.clear("#f-status").await;
+    d.type_in("#f-actor", "no-such-actor").await;
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 0",
+        WAIT,
+    )
+    .await;
+    d.clear("#f-actor").await;
+    d.type_in("#f-actor", &format!("mcp:{}", key.key_id)).await;
+    d.wait_for(
+        "document.querySelectorAll('#events-body tr').length === 2",
+        WAIT,
+    )
+    .await;
+    d.clear("#f-actor").await;
+    d.js("document.getElementById('f-actor').dispatchEvent(new Event('input')); return 1;")
+        .await;
 
     // Pause holds new events back; resume shows them.
     d.click("#pause").await;
@@ -644,6 +674,14 @@ async fn the_live_view_in_a_real_browser() {
         .await
         .expect("post");
     assert_eq!(after.status(), 401, "revoked through the page");
+
+    // Signing out ends the session: the page asks for the secret again and the API refuses.
+    d.click("#signout").await;
+    d.wait_for("!document.getElementById('signin').hidden", WAIT)
+        .await;
+    d.js("fetch('/v1/events').then(r => { window.__after = r.status; }); return 1;")
+        .await;
+    d.wait_for("window.__after === 401", WAIT).await;
 
     d.quit().await;
     running.shutdown().await.expect("shutdown");
