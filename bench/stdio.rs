@@ -101,7 +101,7 @@ impl Settings {
             bw_count: 1,
             bw_bytes: 1024 * 1024,
             close_samples: 1,
-            targets: ["direct", "relay", "wrap:none", "wrap:file"]
+            targets: ["direct", "relay", "wrap:none", "wrap:file", "wrap:otlp"]
                 .map(String::from)
                 .to_vec(),
             ..Settings::full()
@@ -366,12 +366,15 @@ fn run_scenarios(exe: &std::path::Path, plan: &scenarios::Plan) -> (String, bool
         Ok(t) => t,
         Err(e) => return (format!("\nscenarios not run: temp dir: {e}\n"), true),
     };
+    // The OTLP receiver of `wrap:otlp` (answers 200 to every POST, counts requests).
+    let otlp = ingest::healthy().ok();
     let mut ctx = Ctx {
         exe: exe.to_path_buf(),
         wrapper: PathBuf::from(WRAPPER),
         tmp: tmp.path().to_path_buf(),
         healthy: None,
         black_hole: None,
+        otlp: otlp.as_ref().map(|o| o.addr),
         serial: 0,
         run_as: None,
     };
@@ -454,12 +457,14 @@ fn phase_main(args: &[String]) -> i32 {
     };
     let healthy = ingest::healthy().ok();
     let black_hole = ingest::black_hole().ok();
+    let otlp = ingest::healthy().ok();
     let mut ctx = Ctx {
         exe,
         wrapper: PathBuf::from(WRAPPER),
         tmp: tmp.path().to_path_buf(),
         healthy: healthy.as_ref().map(|h| h.addr),
         black_hole: black_hole.as_ref().map(|h| h.addr),
+        otlp: otlp.as_ref().map(|o| o.addr),
         serial: 0,
         run_as: None,
     };
@@ -490,6 +495,7 @@ fn phase_main(args: &[String]) -> i32 {
             let stand_in = match target {
                 Target::Wrap(WrapMode::Healthy) => healthy.as_ref(),
                 Target::Wrap(WrapMode::BlackHole) => black_hole.as_ref(),
+                Target::Wrap(WrapMode::Otlp) => otlp.as_ref(),
                 _ => None,
             };
             let before = stand_in.map(counters);

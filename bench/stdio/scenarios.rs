@@ -205,6 +205,7 @@ pub fn run(ctx: &mut Ctx, plan: &Plan) -> Results {
                     Target::Relay,
                     Target::Wrap(WrapMode::NoIngest),
                     Target::Wrap(WrapMode::File),
+                    Target::Wrap(WrapMode::Otlp),
                 ]);
                 for run in 1..=plan.typical_runs {
                     for (k, _) in targets.iter().enumerate() {
@@ -256,6 +257,7 @@ fn oneshot(ctx: &mut Ctx, plan: &Plan) -> Vec<OneShotRec> {
         Target::Relay,
         Target::Wrap(WrapMode::NoIngest),
         Target::Wrap(WrapMode::File),
+        Target::Wrap(WrapMode::Otlp),
     ]);
     eprintln!(
         "bench: [oneshot] {} sessions per target, interleaved",
@@ -389,7 +391,11 @@ fn contended(ctx: &mut Ctx, plan: &Plan) -> (usize, Option<u32>, Vec<ContendedRe
     let targets = if plan.contended_relay_only {
         vec![Target::Relay]
     } else {
-        plan.with_ablations(&[Target::Relay, Target::Wrap(WrapMode::File)])
+        plan.with_ablations(&[
+            Target::Relay,
+            Target::Wrap(WrapMode::NoIngest),
+            Target::Wrap(WrapMode::File),
+        ])
     };
     let n = online_cpus();
     ctx.run_as = if plan.contended_own_user {

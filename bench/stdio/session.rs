@@ -82,6 +82,8 @@ pub enum WrapMode {
     Healthy,
     /// Token + a listener that accepts and never answers.
     BlackHole,
+    /// No token, OTLP on (http/protobuf) towards an in-harness receiver that answers 200.
+    Otlp,
 }
 
 impl WrapMode {
@@ -101,13 +103,14 @@ pub enum Target {
 
 impl Target {
     /// The targets a run measures unless told otherwise.
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 7] = [
         Target::Direct,
         Target::Relay,
         Target::Wrap(WrapMode::NoIngest),
         Target::Wrap(WrapMode::File),
         Target::Wrap(WrapMode::Healthy),
         Target::Wrap(WrapMode::BlackHole),
+        Target::Wrap(WrapMode::Otlp),
     ];
 
     /// Every target there is, in report order: [`Target::ALL`], then the ablations.
@@ -133,6 +136,7 @@ impl Target {
             },
             Target::Wrap(WrapMode::Healthy) => "wrap:healthy",
             Target::Wrap(WrapMode::BlackHole) => "wrap:blackhole",
+            Target::Wrap(WrapMode::Otlp) => "wrap:otlp",
         }
     }
 
@@ -153,6 +157,8 @@ pub struct Ctx {
     pub tmp: PathBuf,
     pub healthy: Option<SocketAddr>,
     pub black_hole: Option<SocketAddr>,
+    /// The OTLP receiver of `wrap:otlp` (a stand-in that answers 200 to every POST).
+    pub otlp: Option<SocketAddr>,
     pub serial: u64,
     /// The uid (and gid) the targets run as, when not the harness's own: see
     /// [`Ctx::unprivileged`].
@@ -270,6 +276,11 @@ impl Launch {
                         }
                         .ok_or("stand-in ingest not running")?;
                         v.extend(["--token", BENCH_TOKEN, "--ingest"].map(OsString::from));
+                        v.push(format!("http://{addr}").into());
+                    }
+                    WrapMode::Otlp => {
+                        let addr = ctx.otlp.ok_or("OTLP receiver not running")?;
+                        v.push("--otlp-endpoint".into());
                         v.push(format!("http://{addr}").into());
                     }
                 }

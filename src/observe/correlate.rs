@@ -263,6 +263,15 @@ pub struct Action {
     pub bytes_resp: u64,
     pub rounds: u32,
     pub state: ActionState,
+    /// What only a sink that wants call facts needs (OTLP): `None` for any other sink.
+    pub extra: Option<Box<CallExtra>>,
+}
+
+/// Per call, for [`crate::event::call::CallFacts`]: taken from the first round.
+#[derive(Debug, Clone)]
+pub struct CallExtra {
+    pub request_id: Option<String>,
+    pub trace: Option<crate::event::call::TraceContext>,
 }
 
 /// SHA-256 of an echoed `requestState`.
@@ -494,6 +503,10 @@ impl<S: EventSink> Observer<S> {
             bytes_resp: 0,
             rounds: 1,
             state: ActionState::InFlight(key.clone()),
+            extra: self
+                .sink
+                .wants_call_facts()
+                .then(|| Box::new(self.call_extra(&key.id, meta))),
         };
         self.actions.insert(aid, Box::new(action));
         Some(aid)
@@ -623,6 +636,9 @@ impl<S: EventSink> Observer<S> {
                     .server_info
                     .ok()
                     .or_else(|| r.meta.ok().and_then(|m| m.server_info.ok()));
+                if let Some(v) = info.and_then(|i| lenient_str(&i.version)) {
+                    self.server_version = clean(v, MAX_INFO_LEN).map(SharedStr::from);
+                }
                 if let Some(n) = info.and_then(|i| lenient_str(&i.name)) {
                     if let Some(n) = clean(n, MAX_INFO_LEN) {
                         self.server_name = Some(n);
