@@ -120,7 +120,8 @@ Kill switch: BOUNDED_OBSERVE_MCP_DISABLED=1 runs the server as a pure passthroug
     after_help = "Exit codes: the wrapped server's own code; 128+N when it was killed by signal N; \
 2 for a usage error; 126 when the command cannot be executed; 127 when it is not found.\n\n\
 Try it: `bounded-observe-mcp demo` runs the whole pipeline (sample server, wrapper, reference \
-ingest) on this machine and prints the evidence that landed. Shell completions: \
+ingest) on this machine and prints the evidence that landed; `demo --keep` then leaves the \
+ingest running and prints its live view's URL and a one-time sign-in link. Shell completions: \
 `bounded-observe-mcp completions bash` (or zsh, fish, elvish, powershell)."
 )]
 pub struct Cli {

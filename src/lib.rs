@@ -66,7 +66,8 @@ where
     // `demo` and the demo's bundled server are words, not flags: the wrapper's own flags never
     // take a bare first argument (the server command always follows `--`), so they cannot clash.
     match argv.get(1).and_then(|a| a.to_str()) {
-        Some("demo") if argv.len() == 2 => return demo::run(&env),
+        Some("demo") if argv.len() == 2 => return demo::run(&env, false),
+        Some("demo") if argv.len() == 3 && argv[2] == "--keep" => return demo::run(&env, true),
         Some(demo::DEMO_SERVER_ARG) => return demo::server::run(),
         Some("completions") if argv.len() == 3 => return cli::print_completions(&argv[2]),
         _ => {}

@@ -55,3 +55,84 @@ fn demo_lands_events_captures_amount_and_leaks_no_pii() {
         assert!(!stderr.contains(pii), "{pii} on stderr");
     }
 }
+
+/// `demo --keep` leaves its ingest serving the live view: it prints the URL and a one-time
+/// sign-in link that opens a session once, and stops cleanly on SIGTERM.
+#[test]
+fn demo_keep_serves_the_live_view_with_a_one_time_link() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
+        .args(["demo", "--keep"])
+        .env_remove("BOUNDED_OBSERVE_MCP_DISABLED")
+        .env_remove("BOUNDED_SENSOR_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("demo runs");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (mut url, mut link) = (None, None);
+    while url.is_none() || link.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).expect("demo prints the live view");
+        if let Some(u) = line.strip_prefix("Live view: ") {
+            url = Some(u.trim().to_string());
+        }
+        if let Some(l) = line.strip_prefix("Sign in once with: ") {
+            link = Some(l.trim().to_string());
+        }
+    }
+    let (url, link) = (url.unwrap(), link.unwrap());
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert!(link.starts_with(&format!("{url}ui/link?t=")), "{link}");
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("client");
+        let page = http.get(&url).send().await.expect("page");
+        assert_eq!(page.status(), 200);
+        let first = http.get(&link).send().await.expect("link");
+        assert_eq!(first.status(), 303);
+        let cookie = first.headers()["set-cookie"].to_str().unwrap().to_string();
+        let cookie = cookie.split(';').next().unwrap().to_string();
+        let events = http
+            .get(format!("{url}v1/events?org=demo"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("events");
+        assert_eq!(events.status(), 200);
+        let v: serde_json::Value = events.json().await.expect("json");
+        assert_eq!(v["events"].as_array().map(Vec::len), Some(6), "{v}");
+        let again = http.get(&link).send().await.expect("link again");
+        assert_eq!(again.status(), 401, "the link works once");
+    });
+
+    // Our own child, not yet waited for: its pid is still its own.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("signal the demo");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "stops cleanly on SIGTERM");
+}

@@ -369,6 +369,34 @@ fn sensor_and_admin_cli_reach_an_https_ingest_only_through_its_private_ca() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // The live view's session cookie is `Secure` when the ingest serves TLS.
+    let set_cookie = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let opts = bounded_observe_mcp::http_client::ClientOptions {
+                extra_roots: bounded_observe_mcp::http_client::load_ca_file(&pki.ca).expect("ca"),
+                ..Default::default()
+            };
+            let http = bounded_observe_mcp::http_client::build(&opts).expect("client");
+            let r = http
+                .post(format!("{base}/ui/signin"))
+                .json(&serde_json::json!({ "secret": secret }))
+                .send()
+                .await
+                .expect("sign in over TLS");
+            assert_eq!(r.status(), 200);
+            r.headers()["set-cookie"]
+                .to_str()
+                .expect("ascii")
+                .to_string()
+        });
+    assert!(
+        set_cookie.contains("; Secure") && set_cookie.contains("HttpOnly"),
+        "{set_cookie}"
+    );
+
     drop(silent);
     assert!(stop(child).success());
 }

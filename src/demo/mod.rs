@@ -89,8 +89,10 @@ fn step(msg: impl std::fmt::Display) {
     let _ = std::io::stdout().flush();
 }
 
-/// Runs the demo; returns the exit code (0 when every check passed).
-pub fn run(_env: &Env) -> i32 {
+/// Runs the demo; returns the exit code (0 when every check passed). With `keep` the ingest
+/// stays up after the report, its live view's URL and a one-time sign-in link printed, until
+/// the process is interrupted (Ctrl-C or SIGTERM).
+pub fn run(_env: &Env, keep: bool) -> i32 {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -105,7 +107,7 @@ pub fn run(_env: &Env) -> i32 {
             return 1;
         }
     };
-    match rt.block_on(run_async()) {
+    match rt.block_on(run_async(keep)) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("{} error: demo failed: {e:#}", crate::log::PREFIX);
@@ -135,7 +137,7 @@ impl Drop for TempDir {
     }
 }
 
-async fn run_async() -> anyhow::Result<()> {
+async fn run_async(keep: bool) -> anyhow::Result<()> {
     let started = Instant::now();
     let dir = TempDir::new()?;
     let mut icfg = crate::ingest::IngestConfig::ephemeral(dir.0.join("demo.db"));
@@ -262,9 +264,35 @@ async fn run_async() -> anyhow::Result<()> {
         CANARIES.len()
     );
 
-    ingest.shutdown().await?;
     println!("\nDone in {:.1} s.", started.elapsed().as_secs_f64());
+    if keep {
+        keep_serving(&ingest).await;
+    }
+    ingest.shutdown().await?;
     Ok(())
+}
+
+/// Leaves the ingest serving its live view until Ctrl-C or SIGTERM.
+async fn keep_serving(ingest: &crate::ingest::RunningIngest) {
+    println!("\nLive view: {}/", ingest.base_url());
+    match ingest.sign_in_link() {
+        Some(link) => println!("Sign in once with: {link}"),
+        None => println!("Sign in with the admin secret (no sign-in link: no random source)"),
+    }
+    println!("The ingest keeps running; stop it with Ctrl-C.");
+    let _ = std::io::stdout().flush();
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
 }
 
 /// One line per argument key the script sent: in how many of the calls that carried it its

@@ -22,6 +22,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -37,6 +38,11 @@ use tokio::task::JoinSet;
 use super::tls::{IngestListener, IngestStream};
 use super::Limits;
 use crate::lock::lock;
+
+/// The client address of a request's connection, in its extensions (the live view's sign-in
+/// back-off counts failures per address).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub SocketAddr);
 
 /// Accepts and serves connections on `listener` until `stop` resolves, then drains them.
 pub(crate) async fn serve(
@@ -54,11 +60,11 @@ pub(crate) async fn serve(
         tokio::select! {
             () = &mut stop => break,
             // Accept errors (out of descriptors and the like) are retried, with a pause, inside.
-            (stream, _peer) = axum::serve::Listener::accept(&mut listener) => {
+            (stream, peer) = axum::serve::Listener::accept(&mut listener) => {
                 match cap.clone().try_acquire_owned() {
                     Ok(permit) => {
                         at_cap = false;
-                        conns.spawn(connection(stream, app.clone(), limits, stopping.clone(), permit));
+                        conns.spawn(connection(stream, peer, app.clone(), limits, stopping.clone(), permit));
                     }
                     Err(_) => {
                         if !at_cap {
@@ -85,6 +91,7 @@ pub(crate) async fn serve(
 /// Serves one connection until it closes, stalls past a timer, or shutdown lets it finish.
 async fn connection(
     stream: IngestStream,
+    peer: SocketAddr,
     app: Router,
     limits: Limits,
     mut stopping: watch::Receiver<bool>,
@@ -96,7 +103,8 @@ async fn connection(
         clock: clock.clone(),
     });
     let svc_clock = clock.clone();
-    let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
+        req.extensions_mut().insert(Peer(peer));
         let in_flight = svc_clock.begin();
         let mut app = app.clone();
         let answer = tower_service::Service::call(&mut app, req);

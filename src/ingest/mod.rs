@@ -13,6 +13,7 @@
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
 //! * [`tls`]: HTTPS (`--tls-cert` / `--tls-key`, rustls with ring).
+//! * [`web`]: the live view at `/` (sign-in, sessions, the event stream, per-tool figures).
 //!
 //! Files: the database at [`IngestConfig::db_path`] (default [`DEFAULT_DB_PATH`]; its directory
 //! is created owner-only (0700) if missing), plus beside it `<db>.signing-key` (the token
@@ -38,14 +39,16 @@
 //! | `GET /v1/events?org&actor&action&class&limit` | admin secret | `{events: [...]}` newest received first; `limit` 1-1000, default 100 |
 //! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen, refused: {rate, slots}}]}`; `refused` counts 429s and 503s since start |
 //! | `GET /healthz` | none | 200 |
+//! | `GET /`, `/assets/*`, `/ui/*` | see [`web`] | the live view |
 //!
 //! Connections: at most [`DEFAULT_MAX_CONNECTIONS`] open (one more is closed on accept), a
 //! request head within [`DEFAULT_HEADER_READ_TIMEOUT`] of its first byte, idle connections
 //! closed after [`DEFAULT_IDLE_TIMEOUT`]. Counters saturate at `i64::MAX`.
 //!
-//! Both secrets travel as `Authorization: Bearer …`. A schema-invalid event is rejected alone
-//! and counted; `org` and `sensor` on stored events come from the key; an event id is stored once
-//! per org. Bearer secrets cross the wire: off loopback, serve HTTPS ([`IngestConfig::tls`]).
+//! Both secrets travel as `Authorization: Bearer …`; the admin routes also take a live view
+//! session cookie instead (state-changing ones with its CSRF token, see [`web`]). A
+//! schema-invalid event is rejected alone and counted; `org` and `sensor` on stored events come
+//! from the key; an event id is stored once per org. Bearer secrets cross the wire: off loopback, serve HTTPS ([`IngestConfig::tls`]).
 //!
 //! Embedding (e.g. a first-run demo):
 //!
@@ -71,6 +74,7 @@ pub mod keys;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod web;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -290,6 +294,7 @@ pub struct RunningIngest {
     admin_source: AdminSecretSource,
     db_path: PathBuf,
     store: Arc<store::Store>,
+    web: Arc<web::WebState>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -339,12 +344,14 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         source,
     })?;
     let admin_secret = admin.expose().to_string();
+    let web = Arc::new(web::WebState::new(tls.is_some()));
     let state = Arc::new(server::AppState {
         store: store.clone(),
         signer,
         admin,
         limits: cfg.limits,
         admission: admission::Admission::new(&cfg.limits),
+        web: web.clone(),
     });
     let app = server::router(state);
     let listener = tls::IngestListener::new(listener, tls);
@@ -361,6 +368,7 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         admin_source,
         db_path: cfg.db_path,
         store,
+        web,
         stop: Some(stop),
         task,
     })
@@ -392,6 +400,13 @@ impl RunningIngest {
         &self.db_path
     }
 
+    /// `<base>/ui/link?t=…`: opens a live view session in the browser that follows it, once,
+    /// within [`web::LINK_TTL`]. `None` without the OS random generator.
+    pub fn sign_in_link(&self) -> Option<String> {
+        let t = self.web.sign_in_link()?;
+        Some(format!("{}/ui/link?t={t}", self.base_url()))
+    }
+
     /// An admin client bound to this ingest. With TLS it trusts the default roots only: for a
     /// certificate from a private CA, use [`AdminClient::with_extra_roots`].
     pub fn admin_client(&self) -> Result<AdminClient, AdminError> {
@@ -404,6 +419,8 @@ impl RunningIngest {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        // Open live view streams would otherwise hold their connections to the grace period.
+        self.web.close();
         let served = tokio::time::timeout(SHUTDOWN_GRACE, &mut self.task).await;
         if served.is_err() {
             // A client holding a request open past the grace period: cut it off.

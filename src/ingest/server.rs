@@ -48,7 +48,7 @@ pub const DEFAULT_EVENTS_LIMIT: u32 = 100;
 /// Most events one `GET /v1/events` returns, so one read cannot pull the whole store into memory.
 pub const MAX_EVENTS_LIMIT: u32 = 1000;
 /// Largest admin request body: `{ org, name }` is tiny.
-const MAX_ADMIN_BODY_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_ADMIN_BODY_BYTES: usize = 16 * 1024;
 /// Longest org or key name accepted at minting.
 pub const MAX_ORG_LEN: usize = 128;
 /// Shared batch slots by default; see [`super::Limits::max_concurrent_batches`].
@@ -64,6 +64,8 @@ pub(crate) struct AppState {
     pub limits: Limits,
     /// The per-key limit and the shared batch slots, with refusals counted per key.
     pub admission: Admission,
+    /// The live view's sessions and commit signal.
+    pub web: Arc<super::web::WebState>,
 }
 
 type Shared = Arc<AppState>;
@@ -76,13 +78,14 @@ pub(crate) fn router(state: Shared) -> Router {
         .route(ADMIN_SENSORS_PATH, get(get_sensors))
         .route(ROLLUPS_PATH, get(get_rollups))
         .route(HEALTH_PATH, get(health))
+        .merge(super::web::routes())
         .fallback(not_found)
         .with_state(state)
 }
 
 /// A refusal: a status and a message for the JSON `{ "error": … }` body.
 #[derive(Debug)]
-struct ApiError {
+pub(crate) struct ApiError {
     status: StatusCode,
     message: String,
     /// Sends `Retry-After` ([`RETRY_AFTER_SECS`]).
@@ -188,7 +191,31 @@ fn authenticate_sensor(state: &AppState, headers: &HeaderMap) -> Result<KeyRecor
     Ok(key)
 }
 
+/// The bearer credential, if the request sends a well-formed one.
+pub(crate) fn bearer_credential(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers).ok()
+}
+
+/// The operator: the admin secret as a bearer credential or, without an `Authorization`
+/// header, a live view session cookie.
 fn authenticate_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    authenticate_admin_for(state, headers, false)
+}
+
+/// [`authenticate_admin`] for a state-changing call: a session cookie also needs its CSRF
+/// token (see [`super::web`]).
+fn authenticate_admin_write(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    authenticate_admin_for(state, headers, true)
+}
+
+fn authenticate_admin_for(
+    state: &AppState,
+    headers: &HeaderMap,
+    write: bool,
+) -> Result<(), ApiError> {
+    if !headers.contains_key(header::AUTHORIZATION) && state.web.admin_session(headers, write) {
+        return Ok(());
+    }
     let cred = bearer(headers).map_err(unauthorized)?;
     if state.admin.verify(cred) {
         Ok(())
@@ -200,7 +227,7 @@ fn authenticate_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiEr
 /// Reads the body up to `limit` bytes. A declared `Content-Length` over the limit is refused
 /// before a byte is read; a chunked body is cut off as soon as it passes the limit. Either way
 /// the body is never buffered beyond the limit. A body not complete within `timeout` is 408.
-async fn read_body(
+pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -353,6 +380,9 @@ async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body
             duplicates,
         } => {
             tracing::debug!(key_id = %key_id, accepted, rejected, duplicates, dropped, "Batch stored");
+            if accepted > 0 {
+                state.web.committed();
+            }
             Ok(Json(json!({
                 "accepted": accepted,
                 "rejected": rejected,
@@ -370,7 +400,7 @@ fn valid_label(s: &str) -> bool {
 }
 
 async fn mint_key(State(state): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
-    authenticate_admin(&state, &headers)?;
+    authenticate_admin_write(&state, &headers)?;
     let bytes = read_body(
         &headers,
         body,
@@ -432,7 +462,7 @@ async fn revoke_key(
     headers: HeaderMap,
     Path(key_id): Path<String>,
 ) -> ApiResult {
-    authenticate_admin(&state, &headers)?;
+    authenticate_admin_write(&state, &headers)?;
     let at = crate::event::rfc3339_ms(SystemTime::now());
     match state
         .store

@@ -502,6 +502,61 @@ impl Store {
         .await
     }
 
+    /// Stored events after store sequence `after`, oldest first, at most `limit`, each with its
+    /// sequence and its stored text. Without `after`: the newest `limit` events, oldest first
+    /// (the live view's backlog before its live ones).
+    pub async fn events_after(
+        &self,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        self.read(move |c| {
+            let mut st = match after {
+                Some(_) => c.prepare_cached(
+                    "SELECT seq, body FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+                )?,
+                None => c.prepare_cached(
+                    "SELECT seq, body FROM
+                       (SELECT seq, body FROM events WHERE ?1 IS NULL ORDER BY seq DESC LIMIT ?2)
+                     ORDER BY seq",
+                )?,
+            };
+            let rows = st.query_map(params![after, limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect()
+        })
+        .await
+    }
+
+    /// Stored events received at or after `since` (RFC 3339, as `receivedAt` is written), for
+    /// `org` or every org, newest first, at most `limit`.
+    pub async fn events_received_since(
+        &self,
+        since: String,
+        org: Option<String>,
+        limit: u32,
+    ) -> Result<Vec<Value>, StoreError> {
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT body FROM events WHERE received_at >= ?1 AND (?2 IS NULL OR org = ?2)
+                 ORDER BY seq DESC LIMIT ?3",
+            )?;
+            let rows = st.query_map(params![since, org, limit], |r| r.get::<_, String>(0))?;
+            let mut out = Vec::new();
+            for body in rows {
+                if let Ok(v) = serde_json::from_str(&body?) {
+                    out.push(v);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Every key, revoked ones included (from the in-memory cache the writer keeps current).
+    pub fn key_records(&self) -> Vec<KeyRecord> {
+        crate::lock::read(&self.keys).values().cloned().collect()
+    }
+
     /// Counts per org/actor/action/class and sums of the numeric `rec.fields`.
     pub async fn rollups(&self, org: Option<String>) -> Result<Vec<Rollup>, StoreError> {
         self.read(move |c| {
