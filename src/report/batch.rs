@@ -100,6 +100,10 @@ pub(crate) struct Batcher {
     /// failed batch); carried in the next batch's `dropped` and reset only when a batch is
     /// accepted, so the ingest learns about losses as soon as it is reachable again.
     pub(crate) pending_dropped: u64,
+    /// `sensor.health` counts the observer adds (see [`crate::event::health`]).
+    pub(crate) health: Arc<crate::event::health::HealthCounters>,
+    /// Health counts taken but not yet in a delivered batch: carried like `pending_dropped`.
+    pub(crate) pending_health: crate::event::health::Health,
     /// The pause between batches while the ingest keeps failing: a batch whose delivery failed
     /// for a reason [`is_retriable`] accepts (its one retry included) makes the next wait, from
     /// 1 s doubling per failed batch, with jitter, up to 30 s, and never below the ingest's
@@ -303,7 +307,10 @@ impl Batcher {
 
     async fn flush_inner(&mut self) {
         self.take_queue_drops();
-        if self.buf.is_empty() {
+        // Health counts travel with events, and alone when there are none: a server that
+        // corrupts its stdout may never complete a call.
+        self.pending_health = self.pending_health.plus(self.health.take());
+        if self.buf.is_empty() && self.pending_health == Default::default() {
             return;
         }
         let n = self.buf.len() as u64;
@@ -320,6 +327,7 @@ impl Batcher {
         let sensor = SensorInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             transport: self.transport.to_string(),
+            health: Some(self.pending_health),
         };
         let body = match self.buf.take(&sensor, self.pending_dropped) {
             Ok(b) => Bytes::from(b),
@@ -348,6 +356,7 @@ impl Batcher {
                 self.stats.delivered += n;
                 self.stats.batches += 1;
                 self.pending_dropped = 0;
+                self.pending_health = Default::default();
                 self.cooldown.succeeded();
                 self.resume_at = None;
             }
@@ -577,9 +586,17 @@ mod tests {
             "an event of {size} bytes must not come near the cap"
         );
         let mut body = BatchBody::default();
+        let max = crate::event::health::MAX_HEALTH_COUNT;
         let sensor = SensorInfo {
             version: "0".repeat(64),
             transport: "stdio".into(),
+            health: Some(crate::event::health::Health {
+                stdout_non_json: max,
+                oversize_frames: max,
+                orphan_responses: max,
+                unobserved: max,
+                tap_dropped_bytes: max,
+            }),
         };
         body.push(&kept).expect("encodes");
         let batch = body.take(&sensor, u64::MAX).expect("encodes");
@@ -605,6 +622,8 @@ mod tests {
             pacer: None,
             overflow: None,
             pending_dropped: 0,
+            health: Default::default(),
+            pending_health: Default::default(),
             cooldown: Cooldown::new(tuning.cooldown_min, tuning.cooldown_max),
             resume_at: None,
             stats: ReportStats::default(),
