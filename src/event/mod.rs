@@ -527,6 +527,7 @@ mod tests {
         let sensor = SensorInfo {
             version: "0.1.0".into(),
             transport: "stdio".into(),
+            health: None,
         };
         let schema = filter::tests::batch_validator();
         let mut body = BatchBody::default();

@@ -520,6 +520,16 @@ mod tests {
                 action: text(MAX_TEXT_LEN),
                 registry_version: Some("a".repeat(64)),
                 fields: Some(fields),
+                tool_def: Some("b".repeat(64).into()),
+                listed: Some(false),
+                hints: vec![
+                    crate::event::Hint::ReadOnly,
+                    crate::event::Hint::Destructive,
+                    crate::event::Hint::Idempotent,
+                    crate::event::Hint::OpenWorld,
+                ],
+                change: None,
+                prev_tool_def: Some("c".repeat(64).into()),
             },
             dest: Dest {
                 host: text(MAX_TEXT_LEN).into(),
@@ -542,12 +552,17 @@ mod tests {
                 id: text(MAX_TEXT_LEN).into(),
                 protocol: Some(text(MAX_TEXT_LEN).into()),
                 client: Some(text(MAX_TEXT_LEN).into()),
+                catalog: Some(crate::event::CatalogSize {
+                    tools: Some(u64::MAX),
+                    bytes: u64::MAX,
+                }),
             }),
             err: Some(EventErr {
                 kind: ErrKind::Transport,
                 // As long as an i64's text gets (20 bytes) without a Luhn-valid digit run,
                 // which L4 would reject as a card number.
                 code: Some(-9_017_486_899_579_404_580),
+                fp: Some("d".repeat(64)),
             }),
         }
     }
