@@ -463,7 +463,20 @@ fn a_tools_list_too_large_to_read_whole_clears_the_registry_version() {
     }
     let (stats, events) = t.finish(12, EndCause::SessionEnd);
     assert_eq!(stats.summarized, 1, "only the page over the catalog limit");
+    let (drift, events): (Vec<_>, Vec<_>) = events
+        .into_iter()
+        .partition(|e| e.class == crate::event::EventClass::Drift);
     assert_eq!(events.len(), 3);
+    assert_eq!(drift.len(), 1, "the second list redefined `a`; the third was not read");
+    assert_eq!(drift[0].rec.change, Some(crate::event::DriftChange::Changed));
+    assert_eq!(drift[0].rec.prev_tool_def, events[0].rec.tool_def);
+    assert_eq!(drift[0].rec.tool_def, events[1].rec.tool_def);
+    assert!(events[1].rec.tool_def.is_some());
+    assert_eq!(
+        (events[2].rec.tool_def.as_ref(), events[2].rec.listed),
+        (None, None),
+        "a list read in part says nothing of its tools"
+    );
     let versions: Vec<_> = events
         .iter()
         .map(|e| e.rec.registry_version.clone())
