@@ -475,6 +475,7 @@ fn sensor_output(args: &Map<String, Value>, meta: Option<Value>, blob: Option<us
     let sensor = SensorInfo {
         version: "test".into(),
         transport: "stdio".into(),
+        health: None,
     };
     let bytes = body.take(&sensor, 0).expect("batch encodes");
     String::from_utf8(bytes).expect("a batch is UTF-8")

@@ -1080,8 +1080,10 @@ fn apply_batch(c: &Connection, b: &BatchWrite) -> Result<BatchOutcome, rusqlite:
     // which no later read as an integer accepts (issue 14: two batches reporting u64::MAX
     // `dropped` broke `GET /v1/admin/sensors` for good).
     c.prepare_cached(
-        "INSERT INTO sensors (key_id, batches, accepted, dropped, version, transport, last_seen)
-         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6)
+        "INSERT INTO sensors (key_id, batches, accepted, dropped, version, transport, last_seen,
+                              stdout_non_json, oversize_frames, orphan_responses, unobserved,
+                              tap_dropped_bytes)
+         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
          ON CONFLICT(key_id) DO UPDATE SET
             batches = CASE WHEN batches > 9223372036854775807 - 1 THEN 9223372036854775807 ELSE batches + 1 END,
             accepted = CASE WHEN accepted > 9223372036854775807 - ?2 THEN 9223372036854775807 ELSE accepted + ?2 END,
