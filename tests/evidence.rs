@@ -220,8 +220,22 @@ impl StdioSession {
         }
     }
 
-    /// Closes the client side and waits for the wrapper: (everything the client read, stderr).
-    fn close(mut self) -> (String, String) {
+    /// Waits until a line holding `needle` was read (true), or `within` passed.
+    fn wait_for(&mut self, needle: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while !self.seen.iter().any(|l| l.contains(needle)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Closes the client side and waits for the wrapper: (everything the client read, stderr,
+    /// whether it exited 0).
+    fn close(mut self) -> (String, String, bool) {
         drop(self.stdin.take());
         let deadline = Instant::now() + STEP;
         let status = loop {
@@ -235,11 +249,11 @@ impl StdioSession {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        assert!(status.success(), "{status:?}");
         while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
             self.seen.push(l);
         }
-        (self.seen.join("\n"), self.stderr.join().unwrap_or_default())
+        let stderr = self.stderr.join().unwrap_or_default();
+        (self.seen.join("\n"), stderr, status.success())
     }
 }
 
@@ -279,7 +293,8 @@ fn stdio_session_reports_definitions_hints_drift_fingerprints_and_health() {
             assert!(a.get("result").is_some() || a.get("error").is_some(), "{a}");
         }
     }
-    let (client_read, stderr) = s.close();
+    let (client_read, stderr, ok) = s.close();
+    assert!(ok, "the server's exit code: {stderr}");
     // The relay is untouched: the client was shown the canaries the server sent.
     assert!(client_read.contains("jane.canary@victim.example"));
     let (events, health, file) = read_sink(&sink);
@@ -605,4 +620,97 @@ async fn tools_view_flags_changed_and_inconsistent_definitions_across_sensors() 
     assert_eq!(row(&a.key_id)["health"], health, "{sensors}");
     assert_eq!(row(&b.key_id)["health"]["stdoutNonJson"], 0, "{sensors}");
     ingest.running.shutdown().await.expect("shutdown");
+}
+
+fn server_everything() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `bash scripts/test-deps.sh` to install the pinned interop packages",
+        path.display()
+    );
+    path
+}
+
+/// The official server-everything registers the tools that depend on the client's
+/// capabilities once the client says `notifications/initialized`, and announces them with
+/// `notifications/tools/list_changed`: a client that listed before then and lists again sees
+/// tools added, and the sensor reports each as a `drift` event; a call to a tool it never
+/// listed is `listed: false`. No description of its catalog reaches the sink.
+#[test]
+fn server_everything_list_changed_mid_session_becomes_drift_events() {
+    let script = server_everything();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = dir.path().join("events.jsonl");
+    let mut s = StdioSession::start(
+        &sink,
+        &["node", script.to_str().expect("utf-8 path"), "stdio"],
+    );
+    s.exchange(&json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18",
+        "capabilities":{"roots":{"listChanged":true},"sampling":{},"elicitation":{}},
+        "clientInfo":{"name":"evidence-client","version":"1"}}}));
+    let before = s
+        .exchange(&json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}))
+        .expect("tools/list answer");
+    s.exchange(&json!({"jsonrpc":"2.0","method":"notifications/initialized"}));
+    assert!(
+        s.wait_for("notifications/tools/list_changed", STEP),
+        "server-everything announces its conditional tools"
+    );
+    let after = s
+        .exchange(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}))
+        .expect("tools/list answer");
+    let names = |v: &Value| -> Vec<String> {
+        v["result"]["tools"]
+            .as_array()
+            .map(|t| t.iter().filter_map(|t| t["name"].as_str().map(str::to_string)).collect())
+            .unwrap_or_default()
+    };
+    let added: Vec<String> = names(&after)
+        .into_iter()
+        .filter(|n| !names(&before).contains(n))
+        .collect();
+    assert!(!added.is_empty(), "{after}");
+    s.exchange(&call(3, "get-sum", json!({"a": 2, "b": 40})));
+    s.exchange(&call(4, "no-such-tool", json!({})));
+    // server-everything does not exit when its stdin closes: the wrapper stops it (143).
+    let (_, stderr, _) = s.close();
+    let (events, _, file) = read_sink(&sink);
+    let mut drift: Vec<String> = events
+        .iter()
+        .filter(|e| e["class"] == "drift")
+        .map(|e| {
+            assert_eq!(e["rec"]["change"], "added", "{e}");
+            assert!(e["rec"]["toolDef"].as_str().is_some_and(|d| d.len() == 16), "{e}");
+            assert!(e["rec"].get("prevToolDef").is_none(), "{e}");
+            e["rec"]["action"].as_str().unwrap_or("").to_string()
+        })
+        .collect();
+    drift.sort();
+    let mut want = added.clone();
+    want.sort();
+    assert_eq!(drift, want, "one drift event per added tool: {file}");
+    let by = |tool: &str| {
+        events
+            .iter()
+            .find(|e| e["rec"]["action"] == tool && e["class"] != "drift")
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    assert!(by("get-sum")["rec"]["toolDef"].as_str().is_some(), "{file}");
+    let unlisted = by("no-such-tool");
+    assert_eq!(unlisted["rec"]["listed"], false, "{file}");
+    assert!(unlisted["err"]["fp"].as_str().is_some(), "{file}");
+    let tools_listed = after["result"]["tools"].as_array().map(Vec::len).unwrap_or(0) as u64;
+    assert_eq!(by("get-sum")["session"]["catalog"]["tools"], tools_listed);
+    // Not a word of any listed description.
+    for t in after["result"]["tools"].as_array().into_iter().flatten() {
+        if let Some(d) = t["description"].as_str().filter(|d| d.len() >= 24) {
+            let head: String = d.chars().take(24).collect();
+            assert!(!file.contains(&head), "{head:?} in the sink");
+            assert!(!stderr.contains(&head), "{head:?} on stderr");
+        }
+    }
 }
