@@ -958,3 +958,36 @@ fn an_opaque_value_under_an_allowed_key_is_captured_so_the_canary_checks_can_fai
         assert!(!out.contains("QXNOTE000001"), "{out}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The evidence fields hold hashes, flags, counts and enums: a canary put in any of them by
+    /// a hostile sensor is refused, never stored.
+    #[test]
+    fn canaries_in_evidence_fields_never_pass_the_ingest_filter(c in canary(), at in 0usize..8) {
+        let mut event = json!({
+            "v": 2, "id": "0123456789abcdef", "ts": "2026-11-29T19:00:00.000Z", "class": "error",
+            "rec": {"rail": "mcp", "action": "t", "registryVersion": null},
+            "dest": {"host": "mcp://s", "pathTemplate": "/t", "method": "POST"},
+            "actor": {"id": "mcp:k", "kind": "agent", "grade": "attested"},
+            "status": 500, "dur_ms": 1.0, "bytes": {"req": 1, "resp": 1},
+            "session": {"id": "s", "catalog": {"tools": 1, "bytes": 10}},
+            "err": {"kind": "tool"},
+        });
+        let v = c.value.clone();
+        match at {
+            0 => event["rec"]["toolDef"] = v,
+            1 => event["rec"]["prevToolDef"] = v,
+            2 => event["rec"]["hints"] = json!([v]),
+            3 => event["rec"]["listed"] = v,
+            4 => { event["class"] = json!("drift"); event["rec"]["change"] = v; event.as_object_mut().map(|m| m.remove("err")); }
+            5 => event["err"]["fp"] = v,
+            6 => event["session"]["catalog"]["tools"] = v,
+            _ => event["session"]["catalog"]["bytes"] = v,
+        }
+        if let Ok(out) = validate_and_filter_event(&event) {
+            prop_assert!(!out.to_string().contains(&c.needle), "{:?} passed at {}: {}", c.needle, at, out);
+        }
+    }
+}

@@ -335,7 +335,7 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
     }
     let keep_fields = v == u64::from(EVENT_SCHEMA_VERSION) && e.fields?.is_some();
     if let Some(d) = e.tool_def? {
-        check_token(d, "rec.toolDef", 64, 1, hex_char)?;
+        check_hash(d, "rec.toolDef")?;
     }
     e.listed?;
     e.hints?;
@@ -344,7 +344,7 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
         _ => return Err(invalid("rec.change", "required for drift, and only for drift")),
     }
     if let Some(d) = e.prev_tool_def? {
-        check_token(d, "rec.prevToolDef", 64, 1, hex_char)?;
+        check_hash(d, "rec.prevToolDef")?;
     }
 
     let path = e.path_template?;
@@ -380,7 +380,13 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
                 check_metadata(text, key, false)?;
             }
         }
-        s.catalog?;
+        if let Some((tools, bytes)) = s.catalog? {
+            for n in tools.into_iter().chain([bytes]) {
+                if privacy::number_is_sensitive(&serde_json::Number::from(n)) {
+                    return Err(invalid("session.catalog", "holds a value the L4 scrubber removes"));
+                }
+            }
+        }
     }
     if let Some(x) = e.err? {
         let known = ["jsonrpc", "tool", "timeout", "cancelled", "transport"];
@@ -391,7 +397,7 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
             check_code(c)?;
         }
         if let Some(fp) = x.fp? {
-            check_token(fp, "err.fp", 64, 1, hex_char)?;
+            check_hash(fp, "err.fp")?;
         }
     }
     Ok(keep_fields)
@@ -548,6 +554,14 @@ fn check_clear(s: &str, field: &str) -> Result<(), FilterError> {
 /// [`check_text`] and [`check_clear`]: the rule for every free-form metadata string.
 fn check_metadata(s: &str, field: &str, non_empty: bool) -> Result<(), FilterError> {
     check_text(s, field, non_empty)?;
+    check_clear(s, field)
+}
+
+/// A hash (`toolDef`, `prevToolDef`, `err.fp`): lower-case hex, and nothing L4 removes (hex can
+/// spell a card number; the sensor never makes such a hash, see
+/// `observe::fingerprint::clear_digest`).
+fn check_hash(s: &str, field: &str) -> Result<(), FilterError> {
+    check_token(s, field, 64, 1, hex_char)?;
     check_clear(s, field)
 }
 
@@ -948,6 +962,53 @@ pub(crate) mod tests {
         assert!(validate_and_filter_event(&e).is_ok());
         e["dest"]["host"] = json!("[2001:db8::7]:8080");
         assert!(validate_and_filter_event(&e).is_err());
+    }
+
+    /// The evidence fields pass as the sensor writes them, and anything else is refused: text
+    /// where a hash, enum or count belongs, a hash that spells a card number, a `change`
+    /// outside a drift event, a drift event without one.
+    #[test]
+    fn evidence_fields_are_checked_by_shape() {
+        let mut e = sample();
+        e["rec"]["toolDef"] = json!("0123456789abcdef");
+        e["rec"]["listed"] = json!(false);
+        e["rec"]["hints"] = json!(["readOnly", "openWorld"]);
+        e["session"]["catalog"] = json!({"tools": 12, "bytes": 4096});
+        assert_eq!(validate_and_filter_event(&e), Ok(e.clone()));
+        let mut d = e.clone();
+        d["class"] = json!("drift");
+        assert!(validate_and_filter_event(&d).is_err(), "drift needs a change");
+        d["rec"]["change"] = json!("changed");
+        d["rec"]["prevToolDef"] = json!("fedcba9876543210");
+        assert_eq!(validate_and_filter_event(&d), Ok(d.clone()));
+        let mut x = e.clone();
+        x["class"] = json!("error");
+        x["err"] = json!({"kind": "tool", "fp": "00ff00ff00ff00ff"});
+        assert_eq!(validate_and_filter_event(&x), Ok(x.clone()));
+        for (path, bad) in [
+            (&["rec", "toolDef"][..], json!("jane@example.com")),
+            (&["rec", "toolDef"], json!("4111111111111111")),
+            (&["rec", "toolDef"], json!("ABCDEF")),
+            (&["rec", "hints"], json!(["readOnly", "readOnly"])),
+            (&["rec", "hints"], json!(["safe"])),
+            (&["rec", "listed"], json!("no")),
+            (&["rec", "change"], json!("added")),
+            (&["session", "catalog"], json!({"tools": 1})),
+            (&["session", "catalog"], json!({"bytes": 4111111111111111u64})),
+            (&["session", "catalog"], json!({"bytes": "big"})),
+        ] {
+            let mut bad_event = e.clone();
+            let mut slot = &mut bad_event;
+            for k in path {
+                slot = &mut slot[*k];
+            }
+            *slot = bad.clone();
+            assert!(validate_and_filter_event(&bad_event).is_err(), "{path:?} = {bad}");
+            let typed = serde_json::from_value::<crate::event::Event>(bad_event);
+            if let Ok(t) = typed {
+                assert!(filter_event(t).is_err(), "{path:?} = {bad}");
+            }
+        }
     }
 
     /// The compiled event schema, the same file the ingest documents.

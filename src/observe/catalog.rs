@@ -287,8 +287,7 @@ pub fn tool_def_hash(t: &Value) -> String {
         }
     }
     let canon = Value::Object(m).to_string();
-    let digest = ring::digest::digest(&ring::digest::SHA256, canon.as_bytes());
-    crate::event::hex_lower(&digest.as_ref()[..REGISTRY_VERSION_HEX / 2])
+    super::fingerprint::clear_digest(&[canon.as_bytes()])
 }
 
 /// `annotations.*Hint` set to `true` (only those: the spec's defaults are not invented).
