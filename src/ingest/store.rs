@@ -25,7 +25,8 @@
 //! a read-only connection reads `application_id`, `user_version` and the table names. An empty
 //! file is initialised (schema, [`SCHEMA_VERSION`], [`APPLICATION_ID`]) in one transaction; a
 //! database of ours at [`SCHEMA_VERSION`] is opened (one from a build before the application id
-//! gets it stamped); anything else (another program's database, a newer schema, a file that is
+//! gets it stamped), and one at an older version is first brought up to it by [`MIGRATIONS`],
+//! in one transaction; anything else (another program's database, a newer schema, a file that is
 //! not SQLite) is refused and left byte for byte as it was.
 
 use std::collections::{BTreeMap, HashMap};
