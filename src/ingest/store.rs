@@ -1306,6 +1306,48 @@ mod tests {
         assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
     }
 
+    /// A version-1 database (with a sensor row) is migrated on open: the new tables and
+    /// columns exist, the old rows stay, and the version is stamped; opening again is a no-op.
+    #[test]
+    fn a_version_1_database_is_migrated_in_place() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        let c = unstamped(&db);
+        c.pragma_update(None, "application_id", APPLICATION_ID)
+            .expect("app id");
+        c.execute(
+            "INSERT INTO sensors (key_id, batches, accepted, dropped) VALUES ('k_1', 3, 30, 1)",
+            [],
+        )
+        .expect("a v1 row");
+        drop(c);
+        assert_eq!(
+            probe(&db).expect("ours"),
+            Layout::Current {
+                stamped: true,
+                version: 1
+            }
+        );
+        open_and_close(&db);
+        assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
+        let c = Connection::open(&db).expect("open");
+        let row: (i64, i64) = c
+            .query_row(
+                "SELECT accepted, stdout_non_json FROM sensors WHERE key_id = 'k_1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("the old row, with the new column");
+        assert_eq!(row, (30, 0));
+        for t in ["tool_defs", "error_groups", "catalogs"] {
+            c.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| r.get::<_, i64>(0))
+                .expect(t);
+        }
+        drop(c);
+        open_and_close(&db);
+        assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
+    }
+
     #[test]
     fn another_application_id_is_foreign_even_with_our_tables() {
         let dir = tempfile::tempdir().expect("tempdir");
