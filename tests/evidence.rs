@@ -123,15 +123,26 @@ fn check_session(events: &[Value]) {
     };
     let (refund, lookup) = (of("refund"), of("lookup"));
     assert_eq!((refund.len(), lookup.len()), (2, 2));
-    assert_eq!(refund[0]["rec"]["hints"], json!(["destructive", "idempotent"]));
+    assert_eq!(
+        refund[0]["rec"]["hints"],
+        json!(["destructive", "idempotent"])
+    );
     assert_eq!(lookup[0]["rec"]["hints"], json!(["readOnly", "openWorld"]));
     let def = |e: &Value| e["rec"]["toolDef"].as_str().map(str::to_string);
     assert_eq!(def(refund[0]).map(|d| d.len()), Some(16));
     assert_eq!(refund[0]["rec"].get("listed"), None);
-    assert_eq!(def(refund[0]), drift_of("refund")["rec"]["prevToolDef"].as_str().map(str::to_string));
+    assert_eq!(
+        def(refund[0]),
+        drift_of("refund")["rec"]["prevToolDef"]
+            .as_str()
+            .map(str::to_string)
+    );
     assert_eq!(def(refund[1]), def(drift_of("refund")));
     assert_ne!(def(refund[0]), def(refund[1]));
-    assert_eq!(drift_of("lookup")["rec"]["prevToolDef"].as_str(), def(lookup[0]).as_deref());
+    assert_eq!(
+        drift_of("lookup")["rec"]["prevToolDef"].as_str(),
+        def(lookup[0]).as_deref()
+    );
     assert_eq!(def(of("void")[0]), def(drift_of("void")));
     // A tool the client was never shown, and one no longer listed.
     for e in [of("ghost")[0], lookup[1]] {
@@ -150,7 +161,10 @@ fn check_session(events: &[Value]) {
     // The catalog's size, from the last list: seven tools either way.
     for e in [refund[0], refund[1]] {
         assert_eq!(e["session"]["catalog"]["tools"], 7, "{e}");
-        assert!(e["session"]["catalog"]["bytes"].as_u64().unwrap_or(0) > 500, "{e}");
+        assert!(
+            e["session"]["catalog"]["bytes"].as_u64().unwrap_or(0) > 500,
+            "{e}"
+        );
     }
 }
 
@@ -285,7 +299,9 @@ fn stdio_session_reports_definitions_hints_drift_fingerprints_and_health() {
         let answer = s.exchange(&msg);
         if msg["params"]["name"] == "mutate" {
             assert!(
-                s.seen.iter().any(|l| l.contains("notifications/tools/list_changed")),
+                s.seen
+                    .iter()
+                    .any(|l| l.contains("notifications/tools/list_changed")),
                 "the server announced the change"
             );
         }
@@ -454,11 +470,18 @@ async fn http_session_through_a_real_ingest_leaves_no_canary_in_the_api() {
     }
     assert!(session.is_some(), "the fixture names a session");
     assert!(read.contains("notifications/tools/list_changed"));
-    assert!(read.contains("jane.canary@victim.example"), "relayed unchanged");
+    assert!(
+        read.contains("jane.canary@victim.example"),
+        "relayed unchanged"
+    );
     // 12 calls (no `noise` over HTTP) and 3 drift events.
     let deadline = Instant::now() + STEP;
     let events = loop {
-        let ev = ingest.admin.events(&[("limit", "1000")]).await.expect("events");
+        let ev = ingest
+            .admin
+            .events(&[("limit", "1000")])
+            .await
+            .expect("events");
         if ev.len() >= 15 || Instant::now() > deadline {
             break ev;
         }
@@ -548,15 +571,45 @@ async fn tools_view_flags_changed_and_inconsistent_definitions_across_sensors() 
                     // `search`: A sees h1, B sees h2 in the same hour.
                     fleet_event(1, "search", "action", json!({"toolDef": h1}), &now),
                     // `fetch`: A sees h1, then the definition changes to h3 (a drift event).
-                    fleet_event(2, "fetch", "action", json!({"toolDef": h1}), "2026-11-29T10:00:00.000Z"),
-                    fleet_event(3, "fetch", "drift", json!({"change": "changed", "toolDef": h3,
-                        "prevToolDef": h1}), "2026-11-29T10:05:00.000Z"),
+                    fleet_event(
+                        2,
+                        "fetch",
+                        "action",
+                        json!({"toolDef": h1}),
+                        "2026-11-29T10:00:00.000Z",
+                    ),
+                    fleet_event(
+                        3,
+                        "fetch",
+                        "drift",
+                        json!({"change": "changed", "toolDef": h3,
+                        "prevToolDef": h1}),
+                        "2026-11-29T10:05:00.000Z",
+                    ),
                     // `stable`: both see h2.
                     fleet_event(4, "stable", "action", json!({"toolDef": h2}), &now),
                     // A hostile sensor: text where a hash, a hint or a count belongs.
-                    fleet_event(5, "bad", "action", json!({"toolDef": "jane.canary@victim.example"}), &now),
-                    fleet_event(6, "bad", "action", json!({"hints": ["jane.canary@victim.example"]}), &now),
-                    fleet_event(7, "bad", "drift", json!({"change": "sk_live_CANARY0123456789"}), &now),
+                    fleet_event(
+                        5,
+                        "bad",
+                        "action",
+                        json!({"toolDef": "jane.canary@victim.example"}),
+                        &now,
+                    ),
+                    fleet_event(
+                        6,
+                        "bad",
+                        "action",
+                        json!({"hints": ["jane.canary@victim.example"]}),
+                        &now,
+                    ),
+                    fleet_event(
+                        7,
+                        "bad",
+                        "drift",
+                        json!({"change": "sk_live_CANARY0123456789"}),
+                        &now,
+                    ),
                 ],
                 health.clone(),
             ),
@@ -580,7 +633,11 @@ async fn tools_view_flags_changed_and_inconsistent_definitions_across_sensors() 
             ),
         )
         .await;
-    assert_eq!((got["accepted"].clone(), got["rejected"].clone()), (json!(2), json!(1)), "{got}");
+    assert_eq!(
+        (got["accepted"].clone(), got["rejected"].clone()),
+        (json!(2), json!(1)),
+        "{got}"
+    );
 
     let (_, rollups, tools, sensors, all) = ingest.api_text("acme").await;
     assert_no_canary("the ingest's API", &all);
@@ -592,9 +649,21 @@ async fn tools_view_flags_changed_and_inconsistent_definitions_across_sensors() 
             .unwrap_or(Value::Null)
     };
     let flags = |t: &Value| (t["changed"].clone(), t["inconsistent"].clone());
-    assert_eq!(flags(&tool("search")), (json!(false), json!(true)), "{tools}");
-    assert_eq!(flags(&tool("fetch")), (json!(true), json!(false)), "{tools}");
-    assert_eq!(flags(&tool("stable")), (json!(false), json!(false)), "{tools}");
+    assert_eq!(
+        flags(&tool("search")),
+        (json!(false), json!(true)),
+        "{tools}"
+    );
+    assert_eq!(
+        flags(&tool("fetch")),
+        (json!(true), json!(false)),
+        "{tools}"
+    );
+    assert_eq!(
+        flags(&tool("stable")),
+        (json!(false), json!(false)),
+        "{tools}"
+    );
     assert_eq!(tool("bad"), Value::Null);
     let stable = tool("stable");
     assert_eq!(stable["defs"][0]["sensors"], 2, "{stable}");
@@ -647,10 +716,12 @@ fn server_everything_list_changed_mid_session_becomes_drift_events() {
         &sink,
         &["node", script.to_str().expect("utf-8 path"), "stdio"],
     );
-    s.exchange(&json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+    s.exchange(
+        &json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
         "protocolVersion":"2025-06-18",
         "capabilities":{"roots":{"listChanged":true},"sampling":{},"elicitation":{}},
-        "clientInfo":{"name":"evidence-client","version":"1"}}}));
+        "clientInfo":{"name":"evidence-client","version":"1"}}}),
+    );
     let before = s
         .exchange(&json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}))
         .expect("tools/list answer");
@@ -665,7 +736,11 @@ fn server_everything_list_changed_mid_session_becomes_drift_events() {
     let names = |v: &Value| -> Vec<String> {
         v["result"]["tools"]
             .as_array()
-            .map(|t| t.iter().filter_map(|t| t["name"].as_str().map(str::to_string)).collect())
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let added: Vec<String> = names(&after)
@@ -683,7 +758,10 @@ fn server_everything_list_changed_mid_session_becomes_drift_events() {
         .filter(|e| e["class"] == "drift")
         .map(|e| {
             assert_eq!(e["rec"]["change"], "added", "{e}");
-            assert!(e["rec"]["toolDef"].as_str().is_some_and(|d| d.len() == 16), "{e}");
+            assert!(
+                e["rec"]["toolDef"].as_str().is_some_and(|d| d.len() == 16),
+                "{e}"
+            );
             assert!(e["rec"].get("prevToolDef").is_none(), "{e}");
             e["rec"]["action"].as_str().unwrap_or("").to_string()
         })
@@ -703,7 +781,10 @@ fn server_everything_list_changed_mid_session_becomes_drift_events() {
     let unlisted = by("no-such-tool");
     assert_eq!(unlisted["rec"]["listed"], false, "{file}");
     assert!(unlisted["err"]["fp"].as_str().is_some(), "{file}");
-    let tools_listed = after["result"]["tools"].as_array().map(Vec::len).unwrap_or(0) as u64;
+    let tools_listed = after["result"]["tools"]
+        .as_array()
+        .map(Vec::len)
+        .unwrap_or(0) as u64;
     assert_eq!(by("get-sum")["session"]["catalog"]["tools"], tools_listed);
     // Not a word of any listed description.
     for t in after["result"]["tools"].as_array().into_iter().flatten() {

@@ -565,23 +565,49 @@ fn server_text_output(canaries: &[Canary]) -> String {
     let (c2s, s2c) = (Direction::ClientToServer, Direction::ServerToClient);
     let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list"});
     line(&mut obs, c2s, list);
-    line(&mut obs, s2c, json!({"jsonrpc":"2.0","id":1,"result":{"tools":[refund(text(0))]}}));
-    let call = |id: u64, tool: &str| {
-        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":{}}})
-    };
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":1,"result":{"tools":[refund(text(0))]}}),
+    );
+    let call = |id: u64, tool: &str| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":{}}});
     line(&mut obs, c2s, call(2, "issue_refund"));
-    line(&mut obs, s2c, json!({"jsonrpc":"2.0","id":2,"result":{"isError":true,
-        "content":[{"type":"text","text":text(7)},{"type":"text","text":text(8)}]}}));
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":2,"result":{"isError":true,
+        "content":[{"type":"text","text":text(7)},{"type":"text","text":text(8)}]}}),
+    );
     line(&mut obs, c2s, call(3, "issue_refund"));
-    line(&mut obs, s2c, json!({"jsonrpc":"2.0","id":3,"error":{"code":-32000,"message":text(9),
-        "data":{"detail":text(10)}}}));
-    line(&mut obs, s2c, json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}));
-    line(&mut obs, c2s, json!({"jsonrpc":"2.0","id":4,"method":"tools/list"}));
-    line(&mut obs, s2c, json!({"jsonrpc":"2.0","id":4,"result":{"tools":[refund(format!("{} (v2)", text(11))),
-        {"name":"void","description":text(12),"inputSchema":{"type":"object"}}]}}));
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":3,"error":{"code":-32000,"message":text(9),
+        "data":{"detail":text(10)}}}),
+    );
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
+    );
+    line(
+        &mut obs,
+        c2s,
+        json!({"jsonrpc":"2.0","id":4,"method":"tools/list"}),
+    );
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":4,"result":{"tools":[refund(format!("{} (v2)", text(11))),
+        {"name":"void","description":text(12),"inputSchema":{"type":"object"}}]}}),
+    );
     line(&mut obs, c2s, call(5, "ghost"));
-    line(&mut obs, s2c, json!({"jsonrpc":"2.0","id":5,"result":{"isError":true,
-        "content":[{"type":"text","text":text(13)}]}}));
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":5,"result":{"isError":true,
+        "content":[{"type":"text","text":text(13)}]}}),
+    );
     let (_, events) = obs.finish(t0 + Duration::from_secs(1), EndCause::SessionEnd);
     use bounded_observe_mcp::event::EventClass;
     let count = |c: EventClass| events.iter().filter(|e| e.class == c).count();
@@ -592,7 +618,8 @@ fn server_text_output(canaries: &[Canary]) -> String {
     );
     let mut body = BatchBody::default();
     for e in events {
-        body.push(&filter_event(e).expect("event passes L3")).expect("encodes");
+        body.push(&filter_event(e).expect("event passes L3"))
+            .expect("encodes");
     }
     let sensor = SensorInfo {
         version: "test".into(),

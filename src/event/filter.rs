@@ -340,8 +340,14 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
     e.listed?;
     e.hints?;
     match (e.change?, class) {
-        (Some("added" | "removed" | "changed"), Some("drift")) | (None, Some("action" | "error")) => {}
-        _ => return Err(invalid("rec.change", "required for drift, and only for drift")),
+        (Some("added" | "removed" | "changed"), Some("drift"))
+        | (None, Some("action" | "error")) => {}
+        _ => {
+            return Err(invalid(
+                "rec.change",
+                "required for drift, and only for drift",
+            ))
+        }
     }
     if let Some(d) = e.prev_tool_def? {
         check_hash(d, "rec.prevToolDef")?;
@@ -383,7 +389,10 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
         if let Some((tools, bytes)) = s.catalog? {
             for n in tools.into_iter().chain([bytes]) {
                 if privacy::number_is_sensitive(&serde_json::Number::from(n)) {
-                    return Err(invalid("session.catalog", "holds a value the L4 scrubber removes"));
+                    return Err(invalid(
+                        "session.catalog",
+                        "holds a value the L4 scrubber removes",
+                    ));
                 }
             }
         }
@@ -442,7 +451,9 @@ fn rebuild(e: &View<'_>, keep_fields: bool, event: &Value) -> Result<Value, Filt
         rec.insert("listed".into(), Value::Bool(l));
     }
     if let Some(h) = e.hints? {
-        let names = h.at[..usize::from(h.len)].iter().map(|i| text(HINTS[usize::from(*i)]));
+        let names = h.at[..usize::from(h.len)]
+            .iter()
+            .map(|i| text(HINTS[usize::from(*i)]));
         rec.insert("hints".into(), names.collect());
     }
     if let Some(c) = e.change? {
@@ -977,7 +988,10 @@ pub(crate) mod tests {
         assert_eq!(validate_and_filter_event(&e), Ok(e.clone()));
         let mut d = e.clone();
         d["class"] = json!("drift");
-        assert!(validate_and_filter_event(&d).is_err(), "drift needs a change");
+        assert!(
+            validate_and_filter_event(&d).is_err(),
+            "drift needs a change"
+        );
         d["rec"]["change"] = json!("changed");
         d["rec"]["prevToolDef"] = json!("fedcba9876543210");
         assert_eq!(validate_and_filter_event(&d), Ok(d.clone()));
@@ -994,7 +1008,10 @@ pub(crate) mod tests {
             (&["rec", "listed"], json!("no")),
             (&["rec", "change"], json!("added")),
             (&["session", "catalog"], json!({"tools": 1})),
-            (&["session", "catalog"], json!({"bytes": 4111111111111111u64})),
+            (
+                &["session", "catalog"],
+                json!({"bytes": 4111111111111111u64}),
+            ),
             (&["session", "catalog"], json!({"bytes": "big"})),
         ] {
             let mut bad_event = e.clone();
@@ -1003,7 +1020,10 @@ pub(crate) mod tests {
                 slot = &mut slot[*k];
             }
             *slot = bad.clone();
-            assert!(validate_and_filter_event(&bad_event).is_err(), "{path:?} = {bad}");
+            assert!(
+                validate_and_filter_event(&bad_event).is_err(),
+                "{path:?} = {bad}"
+            );
             let typed = serde_json::from_value::<crate::event::Event>(bad_event);
             if let Ok(t) = typed {
                 assert!(filter_event(t).is_err(), "{path:?} = {bad}");

@@ -103,7 +103,10 @@ mod tests {
             ..Health::default()
         });
         let h = c.take();
-        assert_eq!((h.stdout_non_json, h.unobserved, h.tap_dropped_bytes), (3, 1, 10));
+        assert_eq!(
+            (h.stdout_non_json, h.unobserved, h.tap_dropped_bytes),
+            (3, 1, 10)
+        );
         assert_eq!(c.take(), Health::default());
         let big = Health {
             oversize_frames: u64::MAX,

@@ -168,7 +168,11 @@ pub struct Rec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change: Option<DriftChange>,
     /// `drift` only: the definition hash before the change (absent for `added`).
-    #[serde(rename = "prevToolDef", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "prevToolDef",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub prev_tool_def: Option<SharedStr>,
 }
 

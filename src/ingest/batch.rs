@@ -297,15 +297,16 @@ fn health_of(raw: &RawValue) -> crate::event::health::Health {
         return Health::default();
     }
     match serde_json::from_str::<Health>(raw.get()) {
-        Ok(h) if [
-            h.stdout_non_json,
-            h.oversize_frames,
-            h.orphan_responses,
-            h.unobserved,
-            h.tap_dropped_bytes,
-        ]
-        .iter()
-        .all(|n| *n <= MAX_HEALTH_COUNT) =>
+        Ok(h)
+            if [
+                h.stdout_non_json,
+                h.oversize_frames,
+                h.orphan_responses,
+                h.unobserved,
+                h.tap_dropped_bytes,
+            ]
+            .iter()
+            .all(|n| *n <= MAX_HEALTH_COUNT) =>
         {
             h
         }

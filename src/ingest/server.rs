@@ -354,7 +354,12 @@ fn evidence_of(m: &Map<String, Value>, received_at: &str) -> Evidence {
     let catalog = m
         .get("session")
         .and_then(|s| s.get("catalog"))
-        .and_then(|c| Some((c.get("tools").and_then(Value::as_u64), c.get("bytes")?.as_u64()?)));
+        .and_then(|c| {
+            Some((
+                c.get("tools").and_then(Value::as_u64),
+                c.get("bytes")?.as_u64()?,
+            ))
+        });
     Evidence {
         host: text(&["dest", "host"]).unwrap_or_default(),
         seen,
@@ -523,8 +528,10 @@ async fn get_rollups(State(state): State<Shared>, headers: HeaderMap, q: QueryPa
         .evidence_rollups(param(&q, "org"))
         .await
         .map_err(store_failed)?;
-    Ok(Json(json!({ "rollups": r, "errorGroups": error_groups, "catalogs": catalogs }))
-        .into_response())
+    Ok(
+        Json(json!({ "rollups": r, "errorGroups": error_groups, "catalogs": catalogs }))
+            .into_response(),
+    )
 }
 
 async fn get_tools(State(state): State<Shared>, headers: HeaderMap, q: QueryParams) -> ApiResult {

@@ -798,7 +798,8 @@ impl Store {
             }
             let mut out: Vec<ToolView> = tools.into_values().collect();
             for t in &mut out {
-                t.defs.sort_by(|a, b| a.first_seen.cmp(&b.first_seen).then(a.def.cmp(&b.def)));
+                t.defs
+                    .sort_by(|a, b| a.first_seen.cmp(&b.first_seen).then(a.def.cmp(&b.def)));
             }
             Ok(out)
         })
@@ -1127,7 +1128,9 @@ fn apply_evidence(c: &Connection, b: &BatchWrite, row: &EventRow) -> Result<(), 
              ON CONFLICT DO UPDATE SET first_seen = min(first_seen, ?7),
                                        last_seen = max(last_seen, ?7)",
         )?
-        .execute(params![b.org, e.host, row.action, def, b.key_id, hour, e.seen])?;
+        .execute(params![
+            b.org, e.host, row.action, def, b.key_id, hour, e.seen
+        ])?;
     }
     if let Some((fp, kind, code)) = &e.error {
         c.prepare_cached(
@@ -1340,8 +1343,10 @@ mod tests {
             .expect("the old row, with the new column");
         assert_eq!(row, (30, 0));
         for t in ["tool_defs", "error_groups", "catalogs"] {
-            c.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| r.get::<_, i64>(0))
-                .expect(t);
+            c.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .expect(t);
         }
         drop(c);
         open_and_close(&db);

@@ -16,10 +16,10 @@ use serde_json::Value;
 
 use crate::event::filter::REDACTED;
 use crate::event::privacy::{Capture, MAX_FIELDS};
+use crate::event::EventClass;
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
 };
-use crate::event::EventClass;
 
 use super::catalog::Drift;
 

@@ -408,7 +408,10 @@ mod tests {
         c.on_list_response(&list(&[a_ann, B], None), true);
         assert!(c.take_drift().is_empty(), "the first list is the baseline");
         let a = c.call_facts("a");
-        assert_eq!(a.tool_def.as_deref().map(str::len), Some(REGISTRY_VERSION_HEX));
+        assert_eq!(
+            a.tool_def.as_deref().map(str::len),
+            Some(REGISTRY_VERSION_HEX)
+        );
         assert_eq!(a.hints, vec![Hint::ReadOnly, Hint::OpenWorld]);
         assert_eq!(a.listed, None);
         assert_eq!(c.call_facts("nope").listed, Some(false));
@@ -423,8 +426,7 @@ mod tests {
         let old_b = c.call_facts("b").tool_def;
         c.on_list_response(&list(&[b2, d], None), true);
         let drift = c.take_drift();
-        let got: Vec<(&str, DriftChange)> =
-            drift.iter().map(|x| (&*x.name, x.change)).collect();
+        let got: Vec<(&str, DriftChange)> = drift.iter().map(|x| (&*x.name, x.change)).collect();
         assert_eq!(
             got,
             vec![
@@ -440,7 +442,13 @@ mod tests {
         // A page too large to read whole: nothing is known of the tools, not even "unlisted".
         c.on_partial_page(5_000_000, true);
         assert_eq!(c.call_facts("nope"), CallFacts::default());
-        assert_eq!(c.size(), Some(CatalogSize { tools: None, bytes: 5_000_000 }));
+        assert_eq!(
+            c.size(),
+            Some(CatalogSize {
+                tools: None,
+                bytes: 5_000_000
+            })
+        );
     }
 
     #[test]
@@ -453,8 +461,15 @@ mod tests {
         c.on_list_response(&list(&refs, None), true);
         assert!(c.call_facts("t0").tool_def.is_some());
         let past = format!("t{}", MAX_TOOL_DEFS + 2);
-        assert_eq!(c.call_facts(&past), CallFacts::default(), "maybe listed: unknown");
-        assert_eq!(c.size().and_then(|s| s.tools), Some((MAX_TOOL_DEFS + 5) as u64));
+        assert_eq!(
+            c.call_facts(&past),
+            CallFacts::default(),
+            "maybe listed: unknown"
+        );
+        assert_eq!(
+            c.size().and_then(|s| s.tools),
+            Some((MAX_TOOL_DEFS + 5) as u64)
+        );
         c.on_list_response(&list(&[A], None), true);
         assert!(c.take_drift().is_empty(), "no drift against a capped list");
     }

@@ -25,7 +25,12 @@ pub fn error_fp(tool: &str, kind: ErrKind, code: Option<i64>, text: &str) -> Str
     };
     let code = code.map(|c| c.to_string()).unwrap_or_default();
     let shaped = shape(text);
-    clear_digest(&[tool.as_bytes(), kind.as_bytes(), code.as_bytes(), shaped.as_bytes()])
+    clear_digest(&[
+        tool.as_bytes(),
+        kind.as_bytes(),
+        code.as_bytes(),
+        shaped.as_bytes(),
+    ])
 }
 
 /// 16 hex digits of SHA-256 over `parts` (each length-prefixed, so no two different lists hash
@@ -126,10 +131,12 @@ fn shape_tokens(w: &str, out: &mut String) {
             continue;
         }
         if at_run_start && b[i].is_ascii_alphanumeric() {
-            let run = b[i..].iter().take_while(|x| x.is_ascii_alphanumeric()).count();
+            let run = b[i..]
+                .iter()
+                .take_while(|x| x.is_ascii_alphanumeric())
+                .count();
             let r = &b[i..i + run];
-            if run >= 8 && r.iter().all(u8::is_ascii_hexdigit) && r.iter().any(u8::is_ascii_digit)
-            {
+            if run >= 8 && r.iter().all(u8::is_ascii_hexdigit) && r.iter().any(u8::is_ascii_digit) {
                 out.push_str("<hex>");
                 i += run;
                 continue;
@@ -137,7 +144,10 @@ fn shape_tokens(w: &str, out: &mut String) {
         }
         if b[i].is_ascii_digit() {
             let mut j = i;
-            while j < b.len() && (b[j].is_ascii_digit() || (b[j] == b'.' && j + 1 < b.len() && b[j + 1].is_ascii_digit())) {
+            while j < b.len()
+                && (b[j].is_ascii_digit()
+                    || (b[j] == b'.' && j + 1 < b.len() && b[j + 1].is_ascii_digit()))
+            {
                 j += 1;
             }
             out.push_str("<n>");
@@ -192,7 +202,10 @@ mod tests {
                 "request 0b9f2c4e-1d2a-4c3b-9e8f-0123456789ab timed out after 3.5s",
                 "request <uuid> timed out after <n>s",
             ),
-            ("hash deadbeef0042 bad; word defaced stays", "hash <hex> bad; word defaced stays"),
+            (
+                "hash deadbeef0042 bad; word defaced stays",
+                "hash <hex> bad; word defaced stays",
+            ),
             ("key \"sk_live_abc\" rejected", "key <str> rejected"),
             ("user42 can't", "user<n> can't"),
         ];
@@ -203,13 +216,31 @@ mod tests {
 
     #[test]
     fn errors_that_differ_only_in_ids_share_a_fingerprint() {
-        let a = error_fp("refund", ErrKind::Tool, None, "Payment pi_3NXa1 for order 1001 failed");
-        let b = error_fp("refund", ErrKind::Tool, None, "Payment pi_3NXa2 for order 2002 failed");
+        let a = error_fp(
+            "refund",
+            ErrKind::Tool,
+            None,
+            "Payment pi_3NXa1 for order 1001 failed",
+        );
+        let b = error_fp(
+            "refund",
+            ErrKind::Tool,
+            None,
+            "Payment pi_3NXa2 for order 2002 failed",
+        );
         assert_eq!(a, b);
         assert_eq!(a.len(), 16);
         let other = error_fp("refund", ErrKind::Tool, None, "Card declined");
         assert_ne!(a, other);
-        assert_ne!(a, error_fp("void", ErrKind::Tool, None, "Payment pi_3NXa1 for order 1001 failed"));
+        assert_ne!(
+            a,
+            error_fp(
+                "void",
+                ErrKind::Tool,
+                None,
+                "Payment pi_3NXa1 for order 1001 failed"
+            )
+        );
         assert_ne!(
             error_fp("t", ErrKind::Jsonrpc, Some(-32602), "x"),
             error_fp("t", ErrKind::Jsonrpc, Some(-32603), "x")
@@ -222,7 +253,13 @@ mod tests {
         let longer = format!("{long} and then something else entirely");
         assert_eq!(shape(&long), shape(&longer));
         // Cut inside a multi-byte character, unclosed quotes, lone separators: no panic.
-        for t in ["é".repeat(200), "\"open".into(), "'".into(), "a@b".into(), "9.".into()] {
+        for t in [
+            "é".repeat(200),
+            "\"open".into(),
+            "'".into(),
+            "a@b".into(),
+            "9.".into(),
+        ] {
             let _ = error_fp("t", ErrKind::Tool, None, &t);
         }
     }
