@@ -665,6 +665,13 @@ async fn tools_view_flags_changed_and_inconsistent_definitions_across_sensors() 
         "{tools}"
     );
     assert_eq!(tool("bad"), Value::Null);
+    let listed = ingest
+        .admin
+        .tools(Some("acme"))
+        .await
+        .expect("admin client reads tools");
+    assert_eq!(Some(&listed), tools["tools"].as_array());
+    assert_eq!(listed.len(), 3);
     let stable = tool("stable");
     assert_eq!(stable["defs"][0]["sensors"], 2, "{stable}");
     assert_eq!(stable["host"], "mcp://docs");
