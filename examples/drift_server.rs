@@ -15,7 +15,8 @@
 //! Tools: `fail {n}` → `isError` text naming order `n`; `boom {n}` → JSON-RPC error −32000 whose
 //! message names request `n`; `other_fail` → a different `isError` text; anything else, listed
 //! or not (`ghost`), succeeds. A `noise` call makes the server print a non-JSON line on stdout
-//! before its answer (stdio only: stdout corruption, counted in `sensor.health`).
+//! before its answer (stdio only: stdout corruption, counted in `sensor.health`), and so does
+//! `--noisy-start` once, before anything is read.
 
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,6 +110,10 @@ fn stdio() {
     let mutated = AtomicBool::new(false);
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
+    if std::env::args().any(|a| a == "--noisy-start") {
+        let _ = writeln!(out, "drift_server starting (a log line on stdout)");
+        let _ = out.flush();
+    }
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {

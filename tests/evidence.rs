@@ -327,6 +327,25 @@ fn stdio_session_reports_definitions_hints_drift_fingerprints_and_health() {
     assert_no_canary("stderr", &stderr);
 }
 
+/// Health counts reach the sink even when the session makes no event: a server that only
+/// corrupts its stdout is still seen.
+#[test]
+fn health_counts_without_any_event_go_in_a_batch_of_their_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = dir.path().join("events.jsonl");
+    let server = example("drift_server");
+    let mut s = StdioSession::start(
+        &sink,
+        &[server.to_str().expect("utf-8 path"), "--noisy-start"],
+    );
+    s.exchange(&script()[0]);
+    let (_, stderr, ok) = s.close();
+    assert!(ok, "{stderr}");
+    let (events, health, file) = read_sink(&sink);
+    assert!(events.is_empty(), "{file}");
+    assert_eq!(health["stdoutNonJson"], 1, "{file}");
+}
+
 /// A started `bounded-ingest` (in process) with one org's admin client.
 struct TestIngest {
     running: RunningIngest,

@@ -241,6 +241,13 @@ impl Batcher {
                 }
             }
             if self.buf.is_empty() {
+                // Health counts with no event left to travel with go alone, once, if the
+                // ingest is not being waited out (see `flush_inner`).
+                self.pending_health = self.pending_health.plus(self.health.take());
+                let health = self.pending_health != Default::default();
+                if health && !self.deadline_passed() && !self.backing_off() {
+                    self.flush().await;
+                }
                 break;
             }
             if self.deadline_passed() || !self.wait_out_backoff().await {
