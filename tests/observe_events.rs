@@ -819,7 +819,25 @@ fn bad_input_is_counted_with_at_most_one_warning_each_and_relayed_unchanged() {
     ] {
         assert!(stderr.contains(want), "{want} in stderr:\n{stderr}");
     }
-    assert_eq!(std::fs::read_to_string(&sink).unwrap_or_default(), "");
+    // No event; the sink holds only what went wrong, as counts (`sensor.health`): the server's
+    // three non-JSON lines and the eight orphan responses.
+    let sink = std::fs::read_to_string(&sink).unwrap_or_default();
+    let batches: Vec<Value> = sink
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a batch"))
+        .collect();
+    assert!(batches.iter().all(|b| b["events"] == json!([])), "{sink}");
+    let sum = |k: &str| -> u64 {
+        batches
+            .iter()
+            .map(|b| b["sensor"]["health"][k].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(
+        (sum("stdoutNonJson"), sum("orphanResponses")),
+        (3, 8),
+        "{sink}"
+    );
 }
 
 /// Correctness under load: a burst far larger than any queue's slot count (the tap once held 64
