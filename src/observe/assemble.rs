@@ -5,12 +5,14 @@
 //! the server's name), the session facts of each scope (id, protocol, client), the tool name,
 //! the captured arguments (the capture policy decides), `onBehalfOf`, timings and sizes. Every
 //! string it puts in is short, single-line and holds nothing the L4 scrubber removes
-//! ([`clean`]), so its events pass the L3 filter unchanged. It also builds the `drift` events
-//! ([`Observer::emit_drift`]): a tool's name and definition hashes, never its description; and
-//! gives every error its fingerprint (`err.fp`, see [`super::fingerprint`]). Must never put a request or response
+//! ([`clean`]), so its events pass the L3 filter unchanged. Must never put a request or response
 //! value in an event except allow-listed scalar arguments, and never make an event for a call
 //! whose answer may have been dropped on the way to the observer (DESIGN §2 invariant 10): that
 //! call is counted as unobserved instead.
+//!
+//! It also builds the `drift` events ([`Observer::emit_drift`]): a tool's name and definition
+//! hashes, never its description; and gives every error its fingerprint (`err.fp`, see
+//! [`super::fingerprint`]).
 
 use std::time::{Instant, SystemTime};
 
