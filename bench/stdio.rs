@@ -101,7 +101,7 @@ impl Settings {
             bw_count: 1,
             bw_bytes: 1024 * 1024,
             close_samples: 1,
-            targets: ["direct", "relay", "wrap:none", "wrap:file"]
+            targets: ["direct", "relay", "wrap:none", "wrap:file", "wrap:otlp"]
                 .map(String::from)
                 .to_vec(),
             ..Settings::full()
@@ -252,6 +252,11 @@ fn driver_main(args: &[String]) -> i32 {
             return 2;
         }
     }
+    plan.contended_own_user = args.iter().any(|a| a == "--contended-own-user");
+    if let Some(n) = arg_value(args, "--scenario-runs").and_then(|v| v.parse().ok()) {
+        plan.typical_runs = n;
+        plan.contended_runs = n;
+    }
     let main_table = !args.iter().any(|a| a == "--scenarios-only");
     let mut phases: Vec<&str> = Vec::new();
     if main_table && !args.iter().any(|a| a == "--unpinned-only") && !smoke {
@@ -361,13 +366,17 @@ fn run_scenarios(exe: &std::path::Path, plan: &scenarios::Plan) -> (String, bool
         Ok(t) => t,
         Err(e) => return (format!("\nscenarios not run: temp dir: {e}\n"), true),
     };
+    // The OTLP receiver of `wrap:otlp` (answers 200 to every POST, counts requests).
+    let otlp = ingest::healthy().ok();
     let mut ctx = Ctx {
         exe: exe.to_path_buf(),
         wrapper: PathBuf::from(WRAPPER),
         tmp: tmp.path().to_path_buf(),
         healthy: None,
         black_hole: None,
+        otlp: otlp.as_ref().map(|o| o.addr),
         serial: 0,
+        run_as: None,
     };
     let _tmp = if std::env::var_os(ENV_KEEP_TMP).is_some() {
         eprintln!("bench: keeping scenario logs in {}", tmp.path().display());
@@ -448,13 +457,16 @@ fn phase_main(args: &[String]) -> i32 {
     };
     let healthy = ingest::healthy().ok();
     let black_hole = ingest::black_hole().ok();
+    let otlp = ingest::healthy().ok();
     let mut ctx = Ctx {
         exe,
         wrapper: PathBuf::from(WRAPPER),
         tmp: tmp.path().to_path_buf(),
         healthy: healthy.as_ref().map(|h| h.addr),
         black_hole: black_hole.as_ref().map(|h| h.addr),
+        otlp: otlp.as_ref().map(|o| o.addr),
         serial: 0,
+        run_as: None,
     };
     let tmp_path = tmp.path().to_path_buf();
     let _tmp = if std::env::var_os(ENV_KEEP_TMP).is_some() {
@@ -483,6 +495,7 @@ fn phase_main(args: &[String]) -> i32 {
             let stand_in = match target {
                 Target::Wrap(WrapMode::Healthy) => healthy.as_ref(),
                 Target::Wrap(WrapMode::BlackHole) => black_hole.as_ref(),
+                Target::Wrap(WrapMode::Otlp) => otlp.as_ref(),
                 _ => None,
             };
             let before = stand_in.map(counters);

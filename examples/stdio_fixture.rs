@@ -28,6 +28,10 @@
 //! * `answer-only TOOL` — a minimal MCP server that answers `initialize`, `tools/list` and
 //!   `tools/call` of TOOL, reads every other line and never answers it (a server that leaves
 //!   calls open), until EOF.
+//! * `outcomes` — a minimal MCP server whose tools end every way a call can: `ok` succeeds,
+//!   `tool_error` answers `isError: true`, `rpc_error` a JSON-RPC error (-32602) whose message
+//!   holds an e-mail address, a tool whose name starts with `slow` is never answered, any other
+//!   succeeds (unlisted). `tools/list` lists `ok`, `tool_error`, `rpc_error`.
 
 use std::fs::File;
 use std::io::{self, BufRead, Read, Write};
@@ -112,6 +116,41 @@ fn answer_only(line: &str, tool: &str) -> Option<String> {
             {"name": "never_answered", "inputSchema": {"type": "object"}}
         ]}),
         "tools/call" => serde_json::json!({"content": [{"type": "text", "text": "done"}]}),
+        _ => return None,
+    };
+    Some(format!(
+        "{}\n",
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result})
+    ))
+}
+
+/// The `outcomes` mode: one response line for the requests it answers.
+fn outcomes(line: &str) -> Option<String> {
+    let msg: serde_json::Value = serde_json::from_str(line).ok()?;
+    let id = msg.get("id")?.clone();
+    let result = match msg.get("method")?.as_str()? {
+        "initialize" => serde_json::json!({
+            "protocolVersion": "2025-06-18",
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "outcomes", "version": "2.1.0"}
+        }),
+        "tools/list" => serde_json::json!({"tools": [
+            {"name": "ok", "inputSchema": {"type": "object"}},
+            {"name": "tool_error", "inputSchema": {"type": "object"}},
+            {"name": "rpc_error", "inputSchema": {"type": "object"}}
+        ]}),
+        "tools/call" => match msg["params"]["name"].as_str().unwrap_or("") {
+            "tool_error" => serde_json::json!({"content": [], "isError": true}),
+            "rpc_error" => {
+                return Some(format!(
+                    "{}\n",
+                    serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {
+                        "code": -32602, "message": "unknown customer rpc-leak@example.com"}})
+                ))
+            }
+            n if n.starts_with("slow") => return None,
+            _ => serde_json::json!({"content": [{"type": "text", "text": "done"}]}),
+        },
         _ => return None,
     };
     Some(format!(
@@ -244,6 +283,17 @@ fn main() {
             for i in 0u64.. {
                 if out.write_all(format!("line {i}\n").as_bytes()).is_err() {
                     std::process::exit(141);
+                }
+            }
+        }
+        "outcomes" => {
+            let mut out = stdout();
+            for line in io::BufReader::new(stdin()).lines() {
+                let Ok(line) = line else { break };
+                if let Some(resp) = outcomes(&line) {
+                    if out.write_all(resp.as_bytes()).is_err() {
+                        break;
+                    }
                 }
             }
         }

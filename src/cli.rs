@@ -42,6 +42,18 @@ pub struct ObserveArgs {
     #[arg(long, value_name = "PATH")]
     pub ingest_ca: Option<std::path::PathBuf>,
 
+    /// OTLP/HTTP base URL: every tools/call also becomes a span and metric points (/v1/traces, /v1/metrics appended); works with or without a token; request headers (an API key) from BOUNDED_OTLP_HEADERS or OTEL_EXPORTER_OTLP_HEADERS, never logged [env: BOUNDED_OTLP_ENDPOINT, then OTEL_EXPORTER_OTLP_ENDPOINT] [default: off]
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// OTLP encoding: http/protobuf or http/json (grpc is not supported) [env: BOUNDED_OTLP_PROTOCOL, then OTEL_EXPORTER_OTLP_PROTOCOL] [default: http/protobuf]
+    #[arg(long, value_name = "PROTOCOL")]
+    pub otlp_protocol: Option<String>,
+
+    /// PEM file of a private CA to trust for an https:// OTLP endpoint [env: BOUNDED_OTLP_CA, then OTEL_EXPORTER_OTLP_CERTIFICATE]
+    #[arg(long, value_name = "PATH")]
+    pub otlp_ca: Option<std::path::PathBuf>,
+
     /// Extra argument key whose scalar value may be captured (repeatable; a string only if it is a code, see --capture-text; the PII denylist still wins) [env: BOUNDED_CAPTURE_FIELDS=a,b]
     #[arg(long = "capture", value_name = "FIELD")]
     pub capture: Vec<String>,

@@ -75,6 +75,10 @@ pub const ALL_ENV: &[&str] = &[
     ENV_ALLOW_ORIGINS,
     ENV_DRAIN_MS,
     ENV_DISABLED,
+    crate::otlp::config::ENV_OTLP_ENDPOINT,
+    crate::otlp::config::ENV_OTLP_PROTOCOL,
+    crate::otlp::config::ENV_OTLP_HEADERS,
+    crate::otlp::config::ENV_OTLP_CA,
 ];
 
 /// The reference ingest's default address (DESIGN §7).
@@ -101,7 +105,7 @@ pub const DEFAULT_SERVER_NAME: &str = "mcp";
 pub struct BenchSwitches {
     /// `pacer`: the observer's slices and rests on a CPU shared with the relay (`crate::pace::Pacer`).
     pub pacer: bool,
-    /// `idle`: the observer's threads in the idle scheduling class at nice 19
+    /// `idle`: the observer's threads in the batch scheduling class at nice 19
     /// (`crate::pace::lower_current_thread`).
     pub idle: bool,
     /// `summary`: large JSON objects observed from their first and last bytes
@@ -200,6 +204,8 @@ pub struct Config {
     pub debug: bool,
     /// Mechanisms switched off for the benchmark ([`ENV_BENCH_DISABLE`]); all on otherwise.
     pub bench: BenchSwitches,
+    /// OTLP export (`crate::otlp`); `None`: off.
+    pub otlp: Option<crate::otlp::OtlpConfig>,
 }
 
 /// A misconfiguration that does not stop the server (invariant 8). Printed once on stderr.
@@ -255,6 +261,9 @@ pub enum ConfigWarning {
         "{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, idle, summary, trim: ignored"
     )]
     BadBenchSwitch { value: String },
+    /// An OTLP setting (`crate::otlp::config`); the sentence never holds a header value.
+    #[error("{0}")]
+    Otlp(String),
 }
 
 /// A misconfiguration that leaves nothing to run. Exit code 2.
@@ -574,6 +583,13 @@ impl Config {
             }
         };
 
+        let (otlp, otlp_warnings) = crate::otlp::config::resolve(args, env, disabled);
+        warnings.extend(otlp_warnings.into_iter().map(ConfigWarning::Otlp));
+        // OTLP alone is a whole setup: no token needed, so none is missing.
+        if otlp.is_some() {
+            warnings.retain(|w| *w != ConfigWarning::NoToken);
+        }
+
         let config = Config {
             mode,
             disabled,
@@ -593,6 +609,7 @@ impl Config {
             allow_origins,
             debug,
             bench,
+            otlp,
         };
         Ok((config, warnings))
     }

@@ -141,16 +141,7 @@ pub fn build(opts: &ClientOptions) -> Result<reqwest::Client, ClientError> {
             .iter()
             .filter_map(|der| reqwest::Certificate::from_der(der).ok())
     };
-    let builder = || {
-        reqwest::Client::builder()
-            .connect_timeout(opts.connect_timeout)
-            .timeout(opts.request_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .pool_max_idle_per_host(opts.max_idle_per_host)
-            .user_agent(USER_AGENT)
-            .tls_certs_merge(extra())
-    };
+    let builder = || policy(opts).tls_certs_merge(extra());
     match builder().build() {
         Ok(c) => Ok(c),
         // The platform verifier fails when the system has no CA certificates at all.
@@ -164,6 +155,28 @@ pub fn build(opts: &ClientOptions) -> Result<reqwest::Client, ClientError> {
                 .map_err(|e| ClientError(e.without_url().to_string()))
         }
     }
+}
+
+/// The policy every client shares (see the module docs), TLS roots aside.
+fn policy(opts: &ClientOptions) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(opts.connect_timeout)
+        .timeout(opts.request_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .pool_max_idle_per_host(opts.max_idle_per_host)
+        .user_agent(USER_AGENT)
+}
+
+/// [`build`] for a client that only ever talks plain `http://` (an OTLP Collector on
+/// loopback): no root store is loaded, which costs tens of milliseconds at start, on the
+/// path to the exit of a short session. An `https://` URL then fails to verify.
+pub fn build_plain(opts: &ClientOptions) -> Result<reqwest::Client, ClientError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    policy(opts)
+        .tls_certs_only(std::iter::empty())
+        .build()
+        .map_err(|e| ClientError(e.without_url().to_string()))
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //! * [`event`]: the envelope v2, the privacy layers and `validate_and_filter_event` (L3), shared
 //!   with the ingest.
 //! * [`report`]: batches filtered events and posts them fire-and-forget, counting what it drops.
+//! * [`otlp`]: beside the reporter, the same events as OTLP spans and metrics (MCP semantic
+//!   conventions), with the same discipline.
 //! * [`pace`]: how the observer and the reporter share a CPU with the relay; owned by neither.
 //! * [`ingest`]: the reference ingest (`bounded-ingest`), apart from the sensor's data path.
 //! * [`http_client`]: the one HTTP client policy (no proxy variables, no redirects, the same
@@ -36,6 +38,7 @@ pub mod ingest;
 pub(crate) mod lock;
 pub mod log;
 pub mod observe;
+pub mod otlp;
 pub mod pace;
 pub mod proxy;
 pub(crate) mod random;

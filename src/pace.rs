@@ -2,7 +2,7 @@
 //! (they share one runtime thread), owned by neither.
 //!
 //! Owns [`lower_current_thread`], called on each of the observer runtime's threads as it starts
-//! (idle scheduling class, nice [`OBSERVER_NICE`] underneath), and [`Pacer`]: on a CPU shared
+//! (batch scheduling class, nice [`OBSERVER_NICE`]), and [`Pacer`]: on a CPU shared
 //! with the relay while traffic flows, the observer works in slices of at most [`PACE_SLICE`] of
 //! CPU and rests [`PACE_REST`] after each; within [`PACE_RECENT`] of new chunks it yields instead
 //! of resting; past that, and once the session is closing, it works flat out. So the relay always
@@ -12,20 +12,25 @@
 //! observing later changes no `dur_ms`. Must never fail the session (if the priority cannot be
 //! lowered the observer runs as before) and never slow the relay.
 //!
-//! Why idle class plus pacing, the scheduler traces and the rejected variants (nice alone,
-//! sleeping instead of yielding): `bench/README.md`, "Pacing the observer".
+//! Why the batch class plus pacing, the scheduler traces and the rejected variants (nice alone,
+//! the idle class, sleeping instead of yielding): `bench/README.md`, "Pacing the observer".
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// How far below the default (0) the observer's threads run: what remains if the idle class is
-/// refused.
+/// How far below the default (0) the observer's threads run.
 pub const OBSERVER_NICE: i32 = 19;
 
-/// Puts the calling thread in the idle scheduling class, at [`OBSERVER_NICE`]. On Linux both
+/// Puts the calling thread in the batch scheduling class at [`OBSERVER_NICE`]. On Linux both
 /// calls apply to that thread only (threads are scheduled entities there); elsewhere they would
 /// change the whole process, relay included, so it does nothing. Returns whether either was set.
-/// Call it once, at thread start: an unprivileged thread cannot leave the idle class again.
+/// Call it once, at thread start: an unprivileged thread cannot take back a lower priority.
+///
+/// Batch, not idle: a thread in the batch class never preempts on waking, and the relay's
+/// threads preempt it as they would an idle-class one, but it keeps a small share of a CPU that
+/// normal threads keep busy. In the idle class an unprivileged observer got so little that the
+/// process could not end (every thread must run once to exit) until seconds after the session's
+/// deadline (`bench/README.md`, "What the switches showed").
 pub fn lower_current_thread() -> bool {
     #[cfg(target_os = "linux")]
     {
@@ -39,8 +44,8 @@ pub fn lower_current_thread() -> bool {
         let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: `param` is a valid sched_param that outlives the call, which only reads it;
         // pid 0 is the calling thread. A refusal only returns -1 with errno set.
-        let idle = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0;
-        niced || idle
+        let batch = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } == 0;
+        niced || batch
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -48,28 +53,27 @@ pub fn lower_current_thread() -> bool {
     }
 }
 
-/// Puts thread `tid` of this process back in the normal scheduling class, and at nice 0 where
-/// allowed, undoing [`lower_current_thread`]; returns whether the class was restored. The kernel
-/// allows it only to a privileged process (`CAP_SYS_NICE`) or under a `RLIMIT_NICE` that
-/// permits it (0 by default): elsewhere it returns false and changes nothing. For a thread that
-/// must still finish work, or run once more to end, while every CPU is kept busy: in the idle
-/// class that can take the kernel about a second.
+/// Puts thread `tid` of this process back at nice 0 in the normal class, undoing
+/// [`lower_current_thread`]; returns whether it did. The kernel allows it only to a privileged
+/// process (`CAP_SYS_NICE`) or under a `RLIMIT_NICE` that permits it (0 by default): elsewhere it
+/// returns false and changes nothing. For a thread that must still finish work while every CPU
+/// is kept busy: at nice 19 it gets about 1.5 % of a CPU shared with one normal thread.
 pub fn restore_thread(tid: i32) -> bool {
     #[cfg(target_os = "linux")]
     {
         let Ok(who) = libc::id_t::try_from(tid) else {
             return false;
         };
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid sched_param that outlives the call, which only reads it; an
-        // unknown or foreign `tid` or a refused change only returns -1 with errno set.
-        let normal = unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) } == 0;
-        if normal {
-            // SAFETY: setpriority takes three integers and touches no memory of ours; a refused
-            // change only returns -1 with errno set.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, who, 0) };
+        // SAFETY: setpriority takes three integers and touches no memory of ours; an unknown or
+        // foreign `tid` or a refused change only returns -1 with errno set.
+        let niced = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, 0) } == 0;
+        if niced {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `param` is a valid sched_param that outlives the call, which only reads
+            // it; a refused change only returns -1 with errno set.
+            unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) };
         }
-        normal
+        niced
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -334,7 +338,7 @@ mod tests {
         let (ok, nice, policy) = worker.join().expect("worker thread");
         assert!(ok, "raising one's own nice value is always allowed");
         assert_eq!(nice, Some(i64::from(OBSERVER_NICE)));
-        assert_eq!(policy, Some(i64::from(libc::SCHED_IDLE)));
+        assert_eq!(policy, Some(i64::from(libc::SCHED_BATCH)));
         assert_eq!(
             (thread_nice(main_tid), thread_policy(main_tid)),
             (Some(before), Some(policy_before)),
@@ -362,10 +366,18 @@ mod tests {
         go_tx.send(()).expect("release worker");
         let (nice, policy) = worker.join().expect("worker thread");
         if restored {
-            assert_eq!(policy, Some(i64::from(libc::SCHED_OTHER)));
-            assert!(nice.is_some_and(|n| n <= i64::from(OBSERVER_NICE)));
+            assert_eq!(
+                (nice, policy),
+                (Some(0), Some(i64::from(libc::SCHED_OTHER)))
+            );
         } else {
-            assert_eq!(policy, Some(i64::from(libc::SCHED_IDLE)));
+            assert_eq!(
+                (nice, policy),
+                (
+                    Some(i64::from(OBSERVER_NICE)),
+                    Some(i64::from(libc::SCHED_BATCH))
+                )
+            );
         }
         assert!(!restore_thread(-1), "no such thread");
     }

@@ -28,6 +28,7 @@ use crate::observe::{
     self, CloseReceiver, EndCause, Observer, ObserverConfig, ObserverStats, Progress, SessionClose,
     StdioOptions, Transport,
 };
+use crate::otlp::{self, CounterSource, Network, OtlpStart, OtlpStats, SensorCounts, WithOtlp};
 use crate::pace::Pacer;
 use crate::proxy::http::{Listener, Upstream, EXIT_START_FAILED};
 use crate::proxy::stdio::{SessionEnd, StdioOutcome, StdioProxy, Tapped};
@@ -114,7 +115,7 @@ fn run_stdio(cfg: &Config) -> i32 {
     // With nowhere to send events and no --debug totals to print, observing would only cost
     // CPU and memory on the server's path: relay unobserved, exactly as the kill switch would,
     // but keeping the lifecycle (signals, grace periods, exit codes) of the wrapper.
-    if cfg.ingest == IngestTarget::Off && !cfg.debug {
+    if cfg.ingest == IngestTarget::Off && !cfg.debug && cfg.otlp.is_none() {
         return relay_unobserved(program, args);
     }
     let (mut c2s, mut s2c, rx, tap_stats) = tap::tap(tap::TAP_CAPACITY);
@@ -123,7 +124,7 @@ fn run_stdio(cfg: &Config) -> i32 {
     // The observer's thread starts before the server: only its creation is on this thread, and
     // its start-up (runtime, ingest client, first look at the tap) then overlaps the server's
     // instead of delaying the exit of a short session.
-    let observer = match StdioObserver::start(cfg, rx) {
+    let observer = match StdioObserver::start(cfg, rx, tap_stats.clone()) {
         Ok(o) => o,
         Err(e) => {
             // Fail open: relay unobserved.
@@ -153,10 +154,10 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// thread needs to hand its totals back after its own deadline.
 const HAND_BACK: Duration = Duration::from_millis(5);
 
-/// The stdio observer and reporter: one thread in the idle scheduling class (see
+/// The stdio observer and reporter: one thread at nice 19 in the batch class (see
 /// [`crate::pace`]) with a runtime of its own. The session's (main) thread never waits for it
-/// past the shutdown flush: an idle-class thread may not get the CPU back for as long as
-/// normal-priority threads keep every CPU busy, so the deadline is kept by the session's thread,
+/// past the shutdown flush: such a thread gets little of a CPU that normal-priority threads
+/// keep busy, so the deadline is kept by the session's thread,
 /// and what the observer did not get to is counted from what [`Progress`] and [`ReportWatch`]
 /// say.
 struct StdioObserver {
@@ -171,7 +172,7 @@ struct ObserverShared {
     progress: Arc<Progress>,
     report: OnceLock<ReportWatch>,
     pacer: OnceLock<Arc<Pacer>>,
-    /// Threads put in the idle class (see [`ObserverShared::lower_current_thread`]), and
+    /// Threads lowered (see [`ObserverShared::lower_current_thread`]), and
     /// whether the session has ended (then no thread is lowered any more).
     lowered: std::sync::Mutex<(Vec<i32>, bool)>,
 }
@@ -205,15 +206,27 @@ struct StdioTotals {
 }
 
 impl StdioObserver {
-    fn start(cfg: &Config, rx: tap::TapReceiver) -> std::io::Result<StdioObserver> {
+    fn start(
+        cfg: &Config,
+        rx: tap::TapReceiver,
+        tap_stats: Arc<TapStats>,
+    ) -> std::io::Result<StdioObserver> {
         let (close, close_rx) = watch::channel(None);
         let shared = Arc::new(ObserverShared::default());
+        // The sensor's own counters for OTLP, read when metrics are exported.
+        let read = shared.clone();
+        let counters: CounterSource = Arc::new(move || SensorCounts {
+            ingest_dropped: read.report.get().map_or(0, |r| r.snapshot().dropped),
+            calls_unobserved: Some(read.progress.idle().stats.unobserved),
+            tap_bytes_dropped: tap_stats.dropped_bytes[0].load(Relaxed)
+                + tap_stats.dropped_bytes[1].load(Relaxed),
+        });
         let (done_tx, done) = std::sync::mpsc::channel();
         let cfg = cfg.clone();
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("observe-mcp".into())
-            .spawn(move || observe_stdio(&cfg, rx, close_rx, thread_shared, done_tx))?;
+            .spawn(move || observe_stdio(&cfg, rx, close_rx, thread_shared, done_tx, counters))?;
         Ok(StdioObserver {
             close,
             shared,
@@ -236,16 +249,18 @@ impl StdioObserver {
             observe_until,
             deliver_by,
         }));
-        // The relay is done: the idle class protected nothing any more, and in it the observer's
+        // The relay is done: the lowered priority protects nothing any more, and at it the observer's
         // thread may neither finish in time nor, busy at exit, let the process end promptly.
         self.shared.restore_threads();
         let queued = queued_bytes(tap_stats);
         let report = self.shared.report.get();
         let idle = self.shared.progress.idle();
-        let nothing_left = queued == [0, 0]
-            || (idle.settled
-                && idle.taken == queued
-                && report.is_none_or(|r| r.outstanding() == 0));
+        // With OTLP on, the exporter's last spans and metrics are always still to send.
+        let nothing_left = cfg.otlp.is_none()
+            && (queued == [0, 0]
+                || (idle.settled
+                    && idle.taken == queued
+                    && report.is_none_or(|r| r.outstanding() == 0)));
         let (observer, report, finished) = if nothing_left {
             // Every byte was observed with nothing held, and every event delivered: ending the
             // observer would make nothing more, so the exit does not wait for its thread.
@@ -311,8 +326,9 @@ fn observe_stdio(
     mut close: CloseReceiver,
     shared: Arc<ObserverShared>,
     done: std::sync::mpsc::Sender<StdioTotals>,
+    counters: CounterSource,
 ) {
-    // Idle class from the first instruction on: nothing this thread does (building the runtime,
+    // Lowered from the first instruction on: nothing this thread does (building the runtime,
     // the ingest client) may take the CPU from the relay or the server starting up.
     let lower = cfg.bench.idle;
     if lower {
@@ -345,12 +361,19 @@ fn observe_stdio(
             Pacer::new(false)
         });
         let _ = shared.pacer.set(pacer.clone());
-        // Observer and reporter share this thread and, on a CPU shared with the relay, one pace.
+        // Observer, reporter and OTLP exporter share this thread and, on a CPU shared with the
+        // relay, one pace.
         let (queue, reporter) = report::start(ReportConfig {
             pacer: Some(pacer.clone()),
             ..report_config(cfg, "stdio")
         });
         let _ = shared.report.set(reporter.watch());
+        let (otlp_queue, otlp) =
+            start_otlp(cfg, Network::stdio(), Some(counters), Some(pacer.clone()));
+        let queue = WithOtlp {
+            inner: queue,
+            otlp: otlp_queue,
+        };
         let observer = Observer::new(observer_config(cfg, Transport::Stdio), queue);
         let opts = StdioOptions {
             summarize: cfg.bench.summary,
@@ -366,9 +389,9 @@ fn observe_stdio(
             .and_then(|c| *c)?;
         let (stats, queue) = observer.finish(Instant::now(), end.cause);
         drop(queue);
-        let report = reporter
-            .shutdown_by(tokio::time::Instant::from_std(end.deliver_by))
-            .await;
+        let by = tokio::time::Instant::from_std(end.deliver_by);
+        let (report, otlp) = tokio::join!(reporter.shutdown_by(by), shutdown_otlp(otlp, by));
+        debug_otlp(cfg, otlp);
         Some(StdioTotals {
             observer: stats,
             report,
@@ -434,6 +457,48 @@ fn debug_totals(
     );
 }
 
+/// Starts the OTLP exporter when it is configured.
+fn start_otlp(
+    cfg: &Config,
+    net: Network,
+    counters: Option<CounterSource>,
+    pacer: Option<Arc<Pacer>>,
+) -> (Option<otlp::OtlpQueue>, Option<otlp::OtlpHandle>) {
+    let Some(o) = &cfg.otlp else {
+        return (None, None);
+    };
+    let (q, h) = otlp::start(OtlpStart {
+        cfg: o.clone(),
+        net,
+        flush: cfg.flush,
+        debug: cfg.debug,
+        counters,
+        pacer,
+    });
+    (Some(q), Some(h))
+}
+
+async fn shutdown_otlp(h: Option<otlp::OtlpHandle>, by: tokio::time::Instant) -> Option<OtlpStats> {
+    match h {
+        Some(h) => Some(h.shutdown_by(by).await),
+        None => None,
+    }
+}
+
+/// The `--debug` totals of the OTLP export.
+fn debug_otlp(cfg: &Config, stats: Option<OtlpStats>) {
+    if let (true, Some(s)) = (cfg.debug, stats) {
+        tracing::debug!(
+            spans_sent = s.spans_sent,
+            spans_dropped = s.spans_dropped,
+            filtered = s.filtered,
+            metric_exports = s.metric_exports,
+            metric_failures = s.metric_failures,
+            "OTLP totals"
+        );
+    }
+}
+
 fn run_http(cfg: &Config) -> i32 {
     let Mode::Http { upstream, port } = &cfg.mode else {
         return EXIT_USAGE;
@@ -453,7 +518,7 @@ fn run_http(cfg: &Config) -> i32 {
     let mut handoff = None;
     if !cfg.disabled {
         let (tx, rx) = tap::http::channel();
-        match ObserverThread::start(cfg, upstream.host(), rx) {
+        match ObserverThread::start(cfg, upstream.host(), rx, tx.stats.clone()) {
             Ok(t) => {
                 observing = Some(t);
                 handoff = Some(tx);
@@ -498,6 +563,7 @@ impl ObserverThread {
         cfg: &Config,
         host: String,
         rx: tap::http::ExchangeReceiver,
+        handoff: Arc<tap::http::ExchangeStats>,
     ) -> std::io::Result<ObserverThread> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -507,7 +573,7 @@ impl ObserverThread {
         let thread = std::thread::Builder::new()
             .name("observe-mcp-observer".into())
             .spawn(move || {
-                rt.block_on(observe_and_report(&cfg, host, rx));
+                rt.block_on(observe_and_report(&cfg, host, rx, handoff));
                 let _ = done_tx.send(());
             })?;
         Ok(ObserverThread { done, thread })
@@ -526,13 +592,36 @@ impl ObserverThread {
 }
 
 /// The observer thread's whole life: runs until every sender of the hand-off is gone.
-async fn observe_and_report(cfg: &Config, host: String, rx: tap::http::ExchangeReceiver) {
+async fn observe_and_report(
+    cfg: &Config,
+    host: String,
+    rx: tap::http::ExchangeReceiver,
+    handoff: Arc<tap::http::ExchangeStats>,
+) {
     let (queue, reporter) = report::start(report_config(cfg, "http"));
+    let net = match &cfg.mode {
+        Mode::Http { upstream, .. } => Network::http(upstream),
+        Mode::Stdio { .. } => Network::stdio(),
+    };
+    // Calls left unobserved are known to the observer alone, at the end: not exported here.
+    let watch = reporter.watch();
+    let counters: CounterSource = Arc::new(move || SensorCounts {
+        ingest_dropped: watch.snapshot().dropped,
+        calls_unobserved: None,
+        tap_bytes_dropped: handoff.dropped_bytes.load(Relaxed),
+    });
+    let (otlp_queue, otlp) = start_otlp(cfg, net, Some(counters), None);
+    let queue = WithOtlp {
+        inner: queue,
+        otlp: otlp_queue,
+    };
     let observer = Observer::new(observer_config(cfg, Transport::Http { host }), queue);
     let (observer, totals) = observe::http::run(rx, observer).await;
     let (stats, queue) = observer.finish(Instant::now(), EndCause::SessionEnd);
     drop(queue);
-    let report = reporter.shutdown().await;
+    let by = tokio::time::Instant::now() + cfg.shutdown_flush;
+    let (report, otlp) = tokio::join!(reporter.shutdown_by(by), shutdown_otlp(otlp, by));
+    debug_otlp(cfg, otlp);
     if cfg.debug {
         tracing::debug!(
             frames_c2s = stats.frames[0],

@@ -69,6 +69,7 @@ pub fn black_hole() -> io::Result<StandIn> {
 }
 
 fn serve_conn(conn: TcpStream, c: &IngestCounters) -> io::Result<()> {
+    conn.set_nodelay(true)?;
     let mut writer = conn.try_clone()?;
     let mut reader = BufReader::new(conn);
     let mut line = String::new();
@@ -121,11 +122,14 @@ fn serve_conn(conn: TcpStream, c: &IngestCounters) -> io::Result<()> {
         }
         c.events.fetch_add(accepted, Ordering::Relaxed);
         let answer = format!("{{\"accepted\":{accepted},\"rejected\":0,\"duplicates\":0}}");
-        write!(
-            writer,
+        // One write: `write!` on the socket sends each formatted piece as its own segment, and
+        // with Nagle's algorithm on, the last one then waits for the client's delayed ACK
+        // (40 ms), which a real ingest (hyper, one write, TCP_NODELAY) never costs.
+        let response = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
             answer.len()
-        )?;
+        );
+        writer.write_all(response.as_bytes())?;
         writer.flush()?;
         if close {
             return Ok(());

@@ -53,6 +53,10 @@ pub struct Plan {
     /// Smoke runs measure the relay only under contention: a wrapper that does not exit would
     /// hold `cargo test` for the whole exit deadline.
     pub contended_relay_only: bool,
+    /// Run the contended targets as the harness's own user even when it is root
+    /// (`--contended-own-user`; by default root drops to `nobody` for them, see
+    /// `Ctx::unprivileged`).
+    pub contended_own_user: bool,
     pub flood_calls: u64,
     /// How long the wrapper's peak RSS must stay put after the flood before stdin is closed.
     pub flood_settle: Duration,
@@ -74,6 +78,7 @@ impl Plan {
             contended_seq: 1_000,
             contended_burst: 20_000,
             contended_relay_only: false,
+            contended_own_user: false,
             flood_calls: 300_000,
             flood_settle: Duration::from_secs(1),
             ablations,
@@ -101,6 +106,7 @@ impl Plan {
             contended_seq: 30,
             contended_burst: 300,
             contended_relay_only: true,
+            contended_own_user: false,
             flood_calls: 3_000,
             flood_settle: Duration::from_millis(100),
             typical_skip: Some(
@@ -133,6 +139,9 @@ pub struct Results {
     pub oneshot: Vec<OneShotRec>,
     pub contended: Vec<ContendedRec>,
     pub spinners: usize,
+    /// The uid the contended targets ran as, when the harness dropped root for them.
+    #[serde(default)]
+    pub contended_uid: Option<u32>,
     pub flood: Vec<FloodRec>,
 }
 
@@ -196,6 +205,7 @@ pub fn run(ctx: &mut Ctx, plan: &Plan) -> Results {
                     Target::Relay,
                     Target::Wrap(WrapMode::NoIngest),
                     Target::Wrap(WrapMode::File),
+                    Target::Wrap(WrapMode::Otlp),
                 ]);
                 for run in 1..=plan.typical_runs {
                     for (k, _) in targets.iter().enumerate() {
@@ -220,7 +230,8 @@ pub fn run(ctx: &mut Ctx, plan: &Plan) -> Results {
         res.oneshot = oneshot(ctx, plan);
     }
     if plan.runs("contended") {
-        let (spinners, recs) = contended(ctx, plan);
+        let (spinners, uid, recs) = contended(ctx, plan);
+        res.contended_uid = uid;
         res.spinners = spinners;
         res.contended = recs;
     }
@@ -246,6 +257,7 @@ fn oneshot(ctx: &mut Ctx, plan: &Plan) -> Vec<OneShotRec> {
         Target::Relay,
         Target::Wrap(WrapMode::NoIngest),
         Target::Wrap(WrapMode::File),
+        Target::Wrap(WrapMode::Otlp),
     ]);
     eprintln!(
         "bench: [oneshot] {} sessions per target, interleaved",
@@ -375,14 +387,27 @@ fn online_cpus() -> usize {
     counted.unwrap_or_else(|| thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-fn contended(ctx: &mut Ctx, plan: &Plan) -> (usize, Vec<ContendedRec>) {
+fn contended(ctx: &mut Ctx, plan: &Plan) -> (usize, Option<u32>, Vec<ContendedRec>) {
     let targets = if plan.contended_relay_only {
         vec![Target::Relay]
     } else {
-        plan.with_ablations(&[Target::Relay, Target::Wrap(WrapMode::File)])
+        plan.with_ablations(&[
+            Target::Relay,
+            Target::Wrap(WrapMode::NoIngest),
+            Target::Wrap(WrapMode::File),
+        ])
     };
     let n = online_cpus();
-    eprintln!("bench: [contended] {n} busy loop(s) running");
+    ctx.run_as = if plan.contended_own_user {
+        None
+    } else {
+        ctx.unprivileged()
+    };
+    eprintln!(
+        "bench: [contended] {n} busy loop(s) running; targets run as {}",
+        ctx.run_as
+            .map_or_else(|| "the harness's user".to_string(), |u| format!("uid {u}"))
+    );
     let spinners = Spinners::start(n);
     let mut recs = Vec::new();
     for run in 1..=plan.contended_runs {
@@ -410,7 +435,8 @@ fn contended(ctx: &mut Ctx, plan: &Plan) -> (usize, Vec<ContendedRec>) {
         }
     }
     drop(spinners);
-    (n, recs)
+    let uid = ctx.run_as.take();
+    (n, uid, recs)
 }
 
 fn contended_seq(
@@ -746,12 +772,14 @@ fn render_contended(o: &mut String, plan: &Plan, res: &Results) {
         o,
         "\n== contended: {} busy loop(s) (one per online CPU, normal class, the harness's niceness) throughout; {} sequential calls \
          (after {} warm-up), then in a fresh session a burst of {} pipelined calls and stdin closed; \
-         medians of {} run(s), unpinned\n",
+         medians of {} run(s), unpinned; targets run as {}\n",
         res.spinners,
         plan.contended_seq,
         plan.contended_warmup,
         plan.contended_burst,
-        plan.contended_runs
+        plan.contended_runs,
+        res.contended_uid
+            .map_or_else(|| "the harness's user".to_string(), |u| format!("uid {u} (unprivileged)"))
     );
     if plan.contended_relay_only {
         let _ = writeln!(

@@ -36,7 +36,7 @@ pub const BENCH_TOKEN: &str = "obs1.bench.c2ln";
 pub enum Mechanism {
     /// The observer's pacing rules (slices and yields while the relay is busy).
     Pacer,
-    /// The observer's idle scheduling class.
+    /// The observer's lowered priority (batch class, nice 19): nice 0, normal class.
     Idle,
     /// Head/tail summaries of large messages.
     Summary,
@@ -82,6 +82,8 @@ pub enum WrapMode {
     Healthy,
     /// Token + a listener that accepts and never answers.
     BlackHole,
+    /// No token, OTLP on (http/protobuf) towards an in-harness receiver that answers 200.
+    Otlp,
 }
 
 impl WrapMode {
@@ -101,13 +103,14 @@ pub enum Target {
 
 impl Target {
     /// The targets a run measures unless told otherwise.
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 7] = [
         Target::Direct,
         Target::Relay,
         Target::Wrap(WrapMode::NoIngest),
         Target::Wrap(WrapMode::File),
         Target::Wrap(WrapMode::Healthy),
         Target::Wrap(WrapMode::BlackHole),
+        Target::Wrap(WrapMode::Otlp),
     ];
 
     /// Every target there is, in report order: [`Target::ALL`], then the ablations.
@@ -133,6 +136,7 @@ impl Target {
             },
             Target::Wrap(WrapMode::Healthy) => "wrap:healthy",
             Target::Wrap(WrapMode::BlackHole) => "wrap:blackhole",
+            Target::Wrap(WrapMode::Otlp) => "wrap:otlp",
         }
     }
 
@@ -153,7 +157,12 @@ pub struct Ctx {
     pub tmp: PathBuf,
     pub healthy: Option<SocketAddr>,
     pub black_hole: Option<SocketAddr>,
+    /// The OTLP receiver of `wrap:otlp` (a stand-in that answers 200 to every POST).
+    pub otlp: Option<SocketAddr>,
     pub serial: u64,
+    /// The uid (and gid) the targets run as, when not the harness's own: see
+    /// [`Ctx::unprivileged`].
+    pub run_as: Option<u32>,
 }
 
 /// A snapshot of the target's top process, taken while it is still alive.
@@ -217,6 +226,8 @@ pub struct Launch {
     pub env: Vec<(&'static str, &'static str)>,
     /// Where the `file:` sink writes, for counting events afterwards.
     pub events_file: Option<PathBuf>,
+    /// Run as this uid and gid (see [`Ctx::run_as`]).
+    pub run_as: Option<u32>,
 }
 
 impl Launch {
@@ -267,6 +278,11 @@ impl Launch {
                         v.extend(["--token", BENCH_TOKEN, "--ingest"].map(OsString::from));
                         v.push(format!("http://{addr}").into());
                     }
+                    WrapMode::Otlp => {
+                        let addr = ctx.otlp.ok_or("OTLP receiver not running")?;
+                        v.push("--otlp-endpoint".into());
+                        v.push(format!("http://{addr}").into());
+                    }
                 }
                 v.push("--".into());
                 v.extend_from_slice(server);
@@ -277,6 +293,7 @@ impl Launch {
             argv,
             env,
             events_file,
+            run_as: ctx.run_as,
         })
     }
 
@@ -287,6 +304,10 @@ impl Launch {
         clean_env(&mut cmd);
         for (k, v) in &self.env {
             cmd.env(k, v);
+        }
+        if let Some(id) = self.run_as {
+            // std drops the supplementary groups too when the parent is root.
+            cmd.uid(id).gid(id);
         }
         cmd
     }
@@ -307,6 +328,22 @@ impl Ctx {
         let mut v: Vec<OsString> = vec![self.exe.clone().into(), "--role".into(), "server".into()];
         v.extend(mode.arg().map(OsString::from));
         v
+    }
+
+    /// The uid a user without privileges runs as (`nobody`), when the harness runs as root: what
+    /// an MCP client's user is. A root wrapper may move its observer back to the normal class
+    /// (`CAP_SYS_NICE`), which hides the cost of its lowered priority at exit. The temp dir is opened
+    /// to that user so its `file:` sink can write there. `None` when the harness is not root
+    /// (it already runs unprivileged) or the temp dir cannot be opened.
+    pub fn unprivileged(&self) -> Option<u32> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        const NOBODY: u32 = 65534;
+        // /proc/self belongs to the process's effective uid.
+        if std::fs::metadata("/proc/self").ok()?.uid() != 0 {
+            return None;
+        }
+        std::fs::set_permissions(&self.tmp, std::fs::Permissions::from_mode(0o777)).ok()?;
+        Some(NOBODY)
     }
 
     /// A fresh label for one session's files in the temp dir.

@@ -6,6 +6,7 @@
 //! contents: the only argument values it can carry are in `rec.fields`, and those only after
 //! [`privacy`] has passed them.
 
+pub mod call;
 pub mod filter;
 pub mod health;
 pub mod privacy;
@@ -391,6 +392,24 @@ pub trait EventSink: Send {
     /// Where the observer adds its `sensor.health` counts, if this sink sends batches.
     fn health(&self) -> Option<&health::HealthCounters> {
         None
+    }
+
+    /// Whether [`EventSink::emit_call`] uses the call's facts: the observer gathers them only
+    /// for a sink that does (the OTLP export, `crate::otlp`).
+    fn wants_call_facts(&self) -> bool {
+        false
+    }
+
+    /// [`EventSink::emit`] with what a sink exporting more than the envelope needs; by default
+    /// the facts are dropped.
+    fn emit_call(&mut self, event: Event, facts: call::CallFacts) {
+        let _ = facts;
+        self.emit(event);
+    }
+
+    /// An MCP session ended (only for a sink that [`EventSink::wants_call_facts`]).
+    fn session_ended(&mut self, facts: call::SessionFacts) {
+        let _ = facts;
     }
 }
 

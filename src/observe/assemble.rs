@@ -18,6 +18,7 @@ use std::time::{Instant, SystemTime};
 
 use serde_json::Value;
 
+use crate::event::call::{CallFacts, TraceContext, MAX_REQUEST_ID};
 use crate::event::filter::REDACTED;
 use crate::event::privacy::{Capture, MAX_FIELDS};
 use crate::event::EventClass;
@@ -27,10 +28,10 @@ use crate::event::{
 
 use super::catalog::Drift;
 
-use super::correlate::{ActionState, Key};
+use super::correlate::{ActionState, CallExtra, Key};
 use super::observer::Observer;
 use super::outcome::Outcome;
-use super::peek::{lenient_str, Args, Meta, Peek};
+use super::peek::{lenient_str, Args, Meta, Peek, RpcId};
 use super::{ObserverConfig, StreamId, Transport};
 
 /// Longest tool name accepted (the MCP spec recommends at most 128 characters).
@@ -48,6 +49,8 @@ pub(super) struct ScopeInfo {
     /// From the `initialize` request or a 2026-07-28 request's `_meta`.
     pub(super) protocol_requested: Option<SharedStr>,
     pub(super) client: Option<SharedStr>,
+    /// HTTP: when the scope got its session id (for `mcp.server.session.duration`).
+    pub(super) opened: Option<Instant>,
 }
 
 /// `dest.host`: the upstream (HTTP), or `mcp://` and the server's name (stdio): `--name`, else
@@ -200,6 +203,27 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
+    /// The id and trace context of a call's first round, for a sink that wants call facts:
+    /// `_meta.traceparent` first (SEP-414), else the HTTP request's `traceparent` header. An id
+    /// is exported only as the event's own strings are (short, single line, nothing L4 removes).
+    pub(super) fn call_extra(&self, id: &RpcId, meta: Option<&Meta<'_>>) -> CallExtra {
+        let text = match id {
+            RpcId::Num(n) => n.to_string(),
+            RpcId::Dec(d) => d.clone(),
+            RpcId::Str(s) => s.clone(),
+        };
+        let trace = meta
+            .and_then(|m| {
+                let parent = lenient_str(&m.traceparent)?;
+                TraceContext::parse(parent, lenient_str(&m.tracestate))
+            })
+            .or_else(|| self.header_trace.clone());
+        CallExtra {
+            request_id: clean(&text, MAX_REQUEST_ID),
+            trace,
+        }
+    }
+
     pub(super) fn refresh_host(&mut self) {
         self.host = dest_host(&self.cfg, self.server_name.as_deref());
     }
@@ -286,9 +310,28 @@ impl<S: EventSink> Observer<S> {
             err,
         };
         self.stats.events += 1;
-        self.sink.emit(event);
+        if self.sink.wants_call_facts() {
+            let start = a.started_wall;
+            let extra = a.extra.map(|e| *e);
+            let facts = CallFacts {
+                start,
+                end: start.checked_add(dur).unwrap_or(start),
+                request_id: extra.as_ref().and_then(|e| e.request_id.clone()),
+                trace: extra.and_then(|e| e.trace),
+                listed: self.catalog.listed(&event.rec.action),
+                server_version: self.server_version.clone(),
+                server_name: self
+                    .cfg
+                    .server_name
+                    .as_deref()
+                    .or(self.server_name.as_deref())
+                    .map(SharedStr::from),
+            };
+            self.sink.emit_call(event, facts);
+        } else {
+            self.sink.emit(event);
+        }
     }
-
     /// One `drift` event: a listed tool added, removed or redefined since the previous complete
     /// list, seen at `seen` in `scope`. Never carries a description or schema: names and hashes.
     pub(super) fn emit_drift(&mut self, scope: StreamId, seen: Instant, d: Drift) {

@@ -90,6 +90,9 @@ pub struct Catalog {
     size: Option<CatalogSize>,
     /// Changes found by the latest complete list, for the observer to take.
     drift: Vec<Drift>,
+    /// The tool names of the last complete list (OTLP takes a tool name as a metric attribute
+    /// only from here, so a client cannot make up series).
+    names: std::collections::HashSet<String>,
 }
 
 /// Read as `JSON.parse` reads it: a key given twice keeps its last value (see
@@ -111,6 +114,11 @@ impl Catalog {
     /// The current fingerprint.
     pub fn version(&self) -> Option<&str> {
         self.version.as_deref()
+    }
+
+    /// Whether `name` is a tool of the last complete list.
+    pub fn listed(&self, name: &str) -> bool {
+        self.names.contains(name)
     }
 
     /// `notifications/tools/list_changed`: the old fingerprint no longer describes the server.
@@ -189,6 +197,12 @@ impl Catalog {
         }
         let last = matches!(r.next_cursor, None | Some(Value::Null));
         if last {
+            self.names = self
+                .pages
+                .iter()
+                .filter_map(|t| t.get("name").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect();
             self.version = Some(fingerprint(&mut self.pages));
             self.pages = Vec::new();
             self.size = Some(CatalogSize {

@@ -267,6 +267,15 @@ pub struct Action {
     pub facts: super::catalog::CallFacts,
     /// `err.fp` of an answered error, computed when the answer is read (its text is not kept).
     pub err_fp: Option<String>,
+    /// What only a sink that wants call facts needs (OTLP): `None` for any other sink.
+    pub extra: Option<Box<CallExtra>>,
+}
+
+/// Per call, for [`crate::event::call::CallFacts`]: taken from the first round.
+#[derive(Debug, Clone)]
+pub struct CallExtra {
+    pub request_id: Option<String>,
+    pub trace: Option<crate::event::call::TraceContext>,
 }
 
 /// SHA-256 of an echoed `requestState`.
@@ -501,6 +510,10 @@ impl<S: EventSink> Observer<S> {
             state: ActionState::InFlight(key.clone()),
             facts: self.catalog.call_facts(raw_name),
             err_fp: None,
+            extra: self
+                .sink
+                .wants_call_facts()
+                .then(|| Box::new(self.call_extra(&key.id, meta))),
         };
         self.actions.insert(aid, Box::new(action));
         Some(aid)
@@ -634,6 +647,9 @@ impl<S: EventSink> Observer<S> {
                     .server_info
                     .ok()
                     .or_else(|| r.meta.ok().and_then(|m| m.server_info.ok()));
+                if let Some(v) = info.and_then(|i| lenient_str(&i.version)) {
+                    self.server_version = clean(v, MAX_INFO_LEN).map(SharedStr::from);
+                }
                 if let Some(n) = info.and_then(|i| lenient_str(&i.name)) {
                     if let Some(n) = clean(n, MAX_INFO_LEN) {
                         self.server_name = Some(n);

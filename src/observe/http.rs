@@ -103,6 +103,8 @@ enum RespBody {
 struct Exchange {
     kind: ReqKind,
     req_session: Option<HeaderValue>,
+    /// The request's `traceparent` header (see [`crate::tap::http::HEADER_TRACEPARENT`]).
+    traceparent: Option<HeaderValue>,
     /// Known once the response head (or the failure) is.
     scope: Option<StreamId>,
     /// The scope lives only as long as this exchange (no session).
@@ -242,7 +244,12 @@ impl<S: EventSink> Watcher<S> {
     fn handle(&mut self, msg: ExchangeMsg) {
         self.account_drops();
         match msg {
-            ExchangeMsg::Request { ex, kind, session } => {
+            ExchangeMsg::Request {
+                ex,
+                kind,
+                session,
+                traceparent,
+            } => {
                 self.totals.exchanges += 1;
                 if self.exchanges.len() >= MAX_EXCHANGES {
                     if let Some((&old, x)) = self.exchanges.iter_mut().next() {
@@ -257,6 +264,7 @@ impl<S: EventSink> Watcher<S> {
                     Exchange {
                         kind,
                         req_session: session,
+                        traceparent,
                         scope: None,
                         own_scope: false,
                         req: MessageBuf::new(MAX_OBSERVED_BODY, SUMMARIZE),
@@ -444,7 +452,11 @@ impl<S: EventSink> Watcher<S> {
         let status = x.status;
         let kind = x.kind;
         if let Some(req) = &req {
-            let calls = self.observer.on_request_body(scope, seen, req.as_split());
+            let traceparent = x.traceparent.take();
+            let traceparent = traceparent.as_ref().and_then(|v| v.to_str().ok());
+            let calls =
+                self.observer
+                    .on_request_body_traced(scope, seen, req.as_split(), traceparent);
             if let Some(x) = self.exchanges.get_mut(&ex) {
                 x.calls = calls;
             }
@@ -703,6 +715,7 @@ mod tests {
             ex: 1,
             kind: ReqKind::Post,
             session: None,
+            traceparent: None,
         });
         w.handle(chunk(Direction::ClientToServer, CALL, false));
         w.handle(end(Direction::ClientToServer));
@@ -822,6 +835,7 @@ mod tests {
             ex,
             kind: ReqKind::Post,
             session: None,
+            traceparent: None,
         });
         for m in chunks(Direction::ClientToServer, request) {
             w.handle(m);
@@ -965,6 +979,7 @@ mod tests {
             ex: 1,
             kind: ReqKind::Post,
             session: Some(HeaderValue::from_static("s-1")),
+            traceparent: None,
         });
         w.handle(chunk(Direction::ClientToServer, CALL, false));
         w.handle(end(Direction::ClientToServer));
@@ -1003,6 +1018,7 @@ mod tests {
             ex: 2,
             kind: ReqKind::Post,
             session: None,
+            traceparent: None,
         });
         w.observer.on_tick(Instant::now() + Duration::from_secs(31));
         assert_eq!(w.observer.open_actions(), 0);

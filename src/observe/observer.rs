@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use crate::event::call::{SessionFacts, TraceContext};
 use crate::event::health::Health;
 use crate::event::privacy::CapturePolicy;
 use crate::event::{EventSink, SharedStr};
@@ -118,6 +119,13 @@ pub struct Observer<S: EventSink> {
     tap_dropped_bytes: u64,
     /// The `sensor.health` totals already added to the sink's counters.
     health_sent: Health,
+    /// `serverInfo.version`, for a sink that wants call facts.
+    pub(super) server_version: Option<SharedStr>,
+    /// HTTP: the `traceparent` header of the request body being observed (calls in it whose
+    /// `_meta` carries none join this trace).
+    pub(super) header_trace: Option<TraceContext>,
+    /// When the observer started: a stdio session's start.
+    pub(super) created: Instant,
 }
 
 impl<S: EventSink> Observer<S> {
@@ -150,6 +158,9 @@ impl<S: EventSink> Observer<S> {
             s2c_gap: None,
             started_calls: None,
             warned: Warned::default(),
+            server_version: None,
+            header_trace: None,
+            created: Instant::now(),
             tap_dropped_bytes: 0,
             health_sent: Health::default(),
         }
@@ -315,6 +326,21 @@ impl<S: EventSink> Observer<S> {
         self.started_calls.take().unwrap_or_default()
     }
 
+    /// [`Observer::on_request_body`] for a request that carried a `traceparent` header: calls
+    /// in it without one in `_meta` join that trace.
+    pub fn on_request_body_traced(
+        &mut self,
+        scope: StreamId,
+        seen: Instant,
+        body: Split<'_>,
+        traceparent: Option<&str>,
+    ) -> Vec<RpcId> {
+        self.header_trace = traceparent.and_then(|t| TraceContext::parse(t, None));
+        let ids = self.on_request_body(scope, seen, body);
+        self.header_trace = None;
+        ids
+    }
+
     /// HTTP: the answers to these requests (ids from [`Observer::on_request_body`]) could not be
     /// read — no or another content type, compressed, over the size cap, or partly dropped on
     /// the way to the observer. A call among them still waiting ends here with no event (it may
@@ -341,7 +367,9 @@ impl<S: EventSink> Observer<S> {
 
     /// HTTP: events in `scope` carry `session.id = session_hash` (a hash, never the raw id).
     pub fn set_scope_session(&mut self, scope: StreamId, session_hash: String) {
-        self.scopes.entry(scope).or_default().session_id = Some(session_hash.into());
+        let info = self.scopes.entry(scope).or_default();
+        info.session_id = Some(session_hash.into());
+        info.opened.get_or_insert_with(Instant::now);
     }
 
     /// HTTP: the scope is over (DELETE, session gone, or a stateless POST finished, or the
@@ -361,7 +389,16 @@ impl<S: EventSink> Observer<S> {
             a.scope_open = false;
         }
         self.pending.end_scope(scope);
-        self.scopes.remove(&scope);
+        if let Some(info) = self.scopes.remove(&scope) {
+            if let (Some(opened), true) = (info.opened, self.sink.wants_call_facts()) {
+                self.sink.session_ended(SessionFacts {
+                    start: super::assemble::wall_clock(opened),
+                    end: super::assemble::wall_clock(seen),
+                    protocol: info.protocol_negotiated.or(info.protocol_requested),
+                    transport_failed: cause == EndCause::Transport,
+                });
+            }
+        }
     }
 
     /// Expires calls older than the call timeout (504), and forgets other requests that old.
@@ -407,6 +444,26 @@ impl<S: EventSink> Observer<S> {
                 cause.outcome()
             };
             self.finish_action(aid, outcome, now);
+        }
+        // HTTP sessions still open at the end end here (only a sink that wants call facts
+        // hears of it).
+        let open: Vec<StreamId> = self
+            .scopes
+            .iter()
+            .filter(|(_, i)| i.opened.is_some() && self.sink.wants_call_facts())
+            .map(|(s, _)| *s)
+            .collect();
+        for scope in open {
+            self.end_scope(scope, now, cause);
+        }
+        if self.cfg.transport == super::Transport::Stdio && self.sink.wants_call_facts() {
+            let protocol = self.session_for(StreamId(0)).and_then(|s| s.protocol);
+            self.sink.session_ended(SessionFacts {
+                start: super::assemble::wall_clock(self.created),
+                end: super::assemble::wall_clock(now),
+                protocol,
+                transport_failed: cause == EndCause::Transport,
+            });
         }
         self.sync_health(self.tap_dropped_bytes);
         (self.stats, self.sink)

@@ -522,8 +522,10 @@ macro_rules! lenient_struct {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Info<'a> {
     pub name: Lenient<Cow<'a, str>>,
+    /// `serverInfo.version` (OTLP's `service.version`).
+    pub version: Lenient<Cow<'a, str>>,
 }
-keep_last!(impl<'a> Info<'a> { "name" => name });
+keep_last!(impl<'a> Info<'a> { "name" => name, "version" => version });
 lenient_struct!(Info);
 
 /// The `_meta` entries the observer reads.
@@ -537,12 +539,17 @@ pub struct Meta<'a> {
     pub client_info: Lenient<Info<'a>>,
     /// 2026-07-28 (SDK form): the echoed `requestState` of a retry.
     pub request_state: Lenient<Cow<'a, str>>,
+    /// W3C trace context propagated in `_meta` (SEP-414), unprefixed.
+    pub traceparent: Lenient<Cow<'a, str>>,
+    pub tracestate: Lenient<Cow<'a, str>>,
 }
 keep_last!(impl<'a> Meta<'a> {
     "bounded/onBehalfOf" => on_behalf_of,
     "io.modelcontextprotocol/protocolVersion" => protocol_version,
     "io.modelcontextprotocol/clientInfo" => client_info,
     "io.modelcontextprotocol/requestState" => request_state,
+    "traceparent" => traceparent,
+    "tracestate" => tracestate,
 });
 lenient_struct!(Meta);
 

@@ -168,7 +168,7 @@ impl HttpSink {
 
 /// Maps a reqwest error onto the retry classification's vocabulary. The URL is stripped: it is
 /// the configured ingest and adds nothing to a log line.
-fn classify(e: reqwest::Error) -> DeliveryError {
+pub(crate) fn classify(e: reqwest::Error) -> DeliveryError {
     if e.is_timeout() {
         DeliveryError::Timeout
     } else if e.is_connect() {

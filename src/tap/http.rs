@@ -16,6 +16,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, CONTENT_ENCODING, CONTENT_TYPE};
+
+/// The W3C trace context request header, handed on for observation only.
+pub const HEADER_TRACEPARENT: &str = "traceparent";
 use http::HeaderValue;
 use tokio::sync::mpsc;
 
@@ -45,6 +48,9 @@ pub enum ExchangeMsg {
         ex: u64,
         kind: ReqKind,
         session: Option<HeaderValue>,
+        /// The W3C `traceparent` header, if any: the trace calls in the body join when their
+        /// `_meta` names none.
+        traceparent: Option<HeaderValue>,
     },
     /// The upstream answered with this head.
     Response {

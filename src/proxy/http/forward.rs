@@ -412,6 +412,10 @@ pub async fn forward(
             ex,
             kind,
             session: parts.headers.get(HEADER_SESSION_ID).cloned(),
+            traceparent: parts
+                .headers
+                .get(crate::tap::http::HEADER_TRACEPARENT)
+                .cloned(),
         });
     }
 
