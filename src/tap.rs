@@ -488,6 +488,12 @@ impl TapReceiver {
         offered[0].load(Ordering::Relaxed) + offered[1].load(Ordering::Relaxed)
     }
 
+    /// Bytes dropped so far, both directions (for `sensor.health`).
+    pub fn dropped_bytes(&self) -> u64 {
+        let dropped = &self.shared.stats.dropped_bytes;
+        dropped[0].load(Ordering::Relaxed) + dropped[1].load(Ordering::Relaxed)
+    }
+
     /// Moves everything queued into `out` (which should be empty; its allocation is reused).
     pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
         let mut q = lock(&self.shared.state);

@@ -212,20 +212,20 @@ fn a_newer_schema_is_refused_and_left_byte_identical() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("ingest.db");
     {
-        // A later layout: version 2, and a table of today's schema renamed.
+        // A later layout: one version past ours, and a table of today's schema renamed.
         let c = rusqlite::Connection::open(&db).expect("open");
         c.execute_batch(
             "CREATE TABLE keys (key_id TEXT PRIMARY KEY, org TEXT NOT NULL);
              CREATE TABLE events (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
              CREATE TABLE sensor_stats (key_id TEXT PRIMARY KEY);
-             PRAGMA user_version = 2;",
+             PRAGMA user_version = 3;",
         )
         .expect("newer schema");
     }
     let before = snapshot(dir.path());
     let msg = refused(&db);
     assert!(
-        msg.contains("schema version 2") && msg.contains("left untouched"),
+        msg.contains("schema version 3") && msg.contains("left untouched"),
         "{msg}"
     );
     assert_eq!(snapshot(dir.path()), before);

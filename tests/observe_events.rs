@@ -335,11 +335,14 @@ fn tool_errors_and_jsonrpc_errors_map_to_status_and_err() {
     let void = one(&m, "void_charge");
     assert_eq!(void["class"], "error");
     assert_eq!(void["status"], 500);
-    assert_eq!(void["err"], json!({"kind": "tool"}));
+    assert_eq!(err_kind(&void["err"]), json!({"kind": "tool"}));
     let boom = one(&m, "explode");
     assert_eq!(boom["class"], "error");
     assert_eq!(boom["status"], 500);
-    assert_eq!(boom["err"], json!({"kind": "jsonrpc", "code": -32603}));
+    assert_eq!(
+        err_kind(&boom["err"]),
+        json!({"kind": "jsonrpc", "code": -32603})
+    );
     let unknown = one(&m, "no_such_tool");
     let want = match unknown_code {
         -32700 | -32600 | -32602 => 400,
@@ -372,7 +375,7 @@ fn cancelled_slow_call_is_one_499_event() {
     let slow = one(&m, "slow");
     assert_eq!(slow["status"], 499);
     assert_eq!(slow["class"], "error");
-    assert_eq!(slow["err"], json!({"kind": "cancelled"}));
+    assert_eq!(err_kind(&slow["err"]), json!({"kind": "cancelled"}));
     assert!(slow["dur_ms"].as_f64().unwrap_or(0.0) < 3000.0);
     assert_eq!(one(&m, "issue_refund")["status"], 200);
     assert_eq!(end.events.len(), 2);
@@ -551,7 +554,10 @@ fn server_exiting_mid_call_is_502_and_the_exit_code_propagates() {
     assert_eq!(end.events.len(), 1, "{:?}", end.events);
     assert_eq!(end.events[0]["rec"]["action"], "crash");
     assert_eq!(end.events[0]["status"], 502);
-    assert_eq!(end.events[0]["err"], json!({"kind": "transport"}));
+    assert_eq!(
+        err_kind(&end.events[0]["err"]),
+        json!({"kind": "transport"})
+    );
 }
 
 #[test]
@@ -813,7 +819,25 @@ fn bad_input_is_counted_with_at_most_one_warning_each_and_relayed_unchanged() {
     ] {
         assert!(stderr.contains(want), "{want} in stderr:\n{stderr}");
     }
-    assert_eq!(std::fs::read_to_string(&sink).unwrap_or_default(), "");
+    // No event; the sink holds only what went wrong, as counts (`sensor.health`): the server's
+    // three non-JSON lines and the eight orphan responses.
+    let sink = std::fs::read_to_string(&sink).unwrap_or_default();
+    let batches: Vec<Value> = sink
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a batch"))
+        .collect();
+    assert!(batches.iter().all(|b| b["events"] == json!([])), "{sink}");
+    let sum = |k: &str| -> u64 {
+        batches
+            .iter()
+            .map(|b| b["sensor"]["health"][k].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(
+        (sum("stdoutNonJson"), sum("orphanResponses")),
+        (3, 8),
+        "{sink}"
+    );
 }
 
 /// Correctness under load: a burst far larger than any queue's slot count (the tap once held 64
@@ -870,4 +894,18 @@ fn burst_of_4000_pipelined_calls_yields_4000_ok_events() {
         (1..=CALLS).collect::<Vec<_>>(),
         "each call exactly once"
     );
+}
+
+/// `err` without its fingerprint, which is checked to be one (16 hex digits): the tests name the
+/// kind and code; `tests/evidence.rs` checks what the fingerprints group.
+fn err_kind(err: &Value) -> Value {
+    let mut e = err.clone();
+    let fp = e.as_object_mut().and_then(|m| m.remove("fp"));
+    assert!(
+        fp.as_ref()
+            .and_then(Value::as_str)
+            .is_some_and(|f| f.len() == 16 && f.bytes().all(|b| b.is_ascii_hexdigit())),
+        "every error carries err.fp: {err}"
+    );
+    e
 }

@@ -7,7 +7,12 @@
 //! * a property test over hostile events fed straight to `validate_and_filter_event` — the
 //!   ingest's path, which cannot trust the sensor;
 //! * the real wrapper binary around the rmcp payments fixture with a file sink and `--debug`:
-//!   neither the sink file nor stderr may contain a canary.
+//!   neither the sink file nor stderr may contain a canary;
+//! * a property test over what a *server* says: canaries in tool descriptions, titles, schemas
+//!   and annotations, in JSON-RPC error messages and `isError` texts, through the observer
+//!   (tool definition hashes, drift events, error fingerprints), L3 and the batch encoding: none
+//!   may leave, whatever the canary (the sensor only hashes that text). The same through the
+//!   real wrapper and a real ingest is in `tests/evidence.rs`.
 //!
 //! The rule checked: a canary may appear in the output only if it is a scalar, under a
 //! top-level allowed key that is not PII-shaped, and is not detectable by the value scrubber
@@ -475,6 +480,7 @@ fn sensor_output(args: &Map<String, Value>, meta: Option<Value>, blob: Option<us
     let sensor = SensorInfo {
         version: "test".into(),
         transport: "stdio".into(),
+        health: None,
     };
     let bytes = body.take(&sensor, 0).expect("batch encodes");
     String::from_utf8(bytes).expect("a batch is UTF-8")
@@ -538,8 +544,106 @@ fn plant_and_check(
     Ok(())
 }
 
+/// One session of a server whose catalog and failures carry `canaries` (as text, in sentences)
+/// through observer → L3 → batch: the bytes the sensor would send.
+fn server_text_output(canaries: &[Canary]) -> String {
+    let text = |i: usize| format!("Contact {} now", canaries[i % canaries.len()].needle);
+    let mut obs = observer();
+    let t0 = Instant::now();
+    let mut ms = 0u64;
+    let mut line = |obs: &mut Observer<Vec<Event>>, dir: Direction, msg: Value| {
+        ms += 1;
+        observe_line(obs, dir, t0 + Duration::from_millis(ms), &msg.to_string());
+    };
+    let refund = |desc: String| {
+        json!({"name": "issue_refund", "title": text(1), "description": desc,
+            "inputSchema": {"type": "object", "properties": {"reason": {"type": "string",
+                "description": text(2), "default": text(3), "enum": [text(4)]}}},
+            "outputSchema": {"type": "object", "description": text(5)},
+            "annotations": {"title": text(6), "destructiveHint": true}})
+    };
+    let (c2s, s2c) = (Direction::ClientToServer, Direction::ServerToClient);
+    let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list"});
+    line(&mut obs, c2s, list);
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":1,"result":{"tools":[refund(text(0))]}}),
+    );
+    let call = |id: u64, tool: &str| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":{}}});
+    line(&mut obs, c2s, call(2, "issue_refund"));
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":2,"result":{"isError":true,
+        "content":[{"type":"text","text":text(7)},{"type":"text","text":text(8)}]}}),
+    );
+    line(&mut obs, c2s, call(3, "issue_refund"));
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":3,"error":{"code":-32000,"message":text(9),
+        "data":{"detail":text(10)}}}),
+    );
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
+    );
+    line(
+        &mut obs,
+        c2s,
+        json!({"jsonrpc":"2.0","id":4,"method":"tools/list"}),
+    );
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":4,"result":{"tools":[refund(format!("{} (v2)", text(11))),
+        {"name":"void","description":text(12),"inputSchema":{"type":"object"}}]}}),
+    );
+    line(&mut obs, c2s, call(5, "ghost"));
+    line(
+        &mut obs,
+        s2c,
+        json!({"jsonrpc":"2.0","id":5,"result":{"isError":true,
+        "content":[{"type":"text","text":text(13)}]}}),
+    );
+    let (_, events) = obs.finish(t0 + Duration::from_secs(1), EndCause::SessionEnd);
+    use bounded_observe_mcp::event::EventClass;
+    let count = |c: EventClass| events.iter().filter(|e| e.class == c).count();
+    assert_eq!(
+        (count(EventClass::Error), count(EventClass::Drift)),
+        (3, 2),
+        "three failed calls; `issue_refund` changed, `void` added"
+    );
+    let mut body = BatchBody::default();
+    for e in events {
+        body.push(&filter_event(e).expect("event passes L3"))
+            .expect("encodes");
+    }
+    let sensor = SensorInfo {
+        version: "test".into(),
+        transport: "stdio".into(),
+        health: Some(Default::default()),
+    };
+    String::from_utf8(body.take(&sensor, 0).expect("batch encodes")).expect("UTF-8")
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn canaries_in_descriptions_and_error_texts_never_leave_the_sensor(
+        canaries in prop::collection::vec(canary(), 1..6),
+    ) {
+        let out = server_text_output(&canaries);
+        prop_assert!(out.contains("\"toolDef\""), "the evidence is there: {}", out);
+        prop_assert!(out.contains("\"fp\""), "{}", out);
+        for c in &canaries {
+            prop_assert!(!out.contains(&c.needle), "canary {:?} left: {}", c.needle, out);
+        }
+        prop_assert!(!out.contains("Contact"), "{}", out);
+    }
 
     #[test]
     fn canaries_in_arguments_never_leave_the_sensor(
@@ -879,5 +983,38 @@ fn an_opaque_value_under_an_allowed_key_is_captured_so_the_canary_checks_can_fai
         assert!(out.contains("QXABCD123456"), "{out}");
         assert!(out.contains(r#""amount_cents":4900"#), "{out}");
         assert!(!out.contains("QXNOTE000001"), "{out}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The evidence fields hold hashes, flags, counts and enums: a canary put in any of them by
+    /// a hostile sensor is refused, never stored.
+    #[test]
+    fn canaries_in_evidence_fields_never_pass_the_ingest_filter(c in canary(), at in 0usize..8) {
+        let mut event = json!({
+            "v": 2, "id": "0123456789abcdef", "ts": "2026-11-29T19:00:00.000Z", "class": "error",
+            "rec": {"rail": "mcp", "action": "t", "registryVersion": null},
+            "dest": {"host": "mcp://s", "pathTemplate": "/t", "method": "POST"},
+            "actor": {"id": "mcp:k", "kind": "agent", "grade": "attested"},
+            "status": 500, "dur_ms": 1.0, "bytes": {"req": 1, "resp": 1},
+            "session": {"id": "s", "catalog": {"tools": 1, "bytes": 10}},
+            "err": {"kind": "tool"},
+        });
+        let v = c.value.clone();
+        match at {
+            0 => event["rec"]["toolDef"] = v,
+            1 => event["rec"]["prevToolDef"] = v,
+            2 => event["rec"]["hints"] = json!([v]),
+            3 => event["rec"]["listed"] = v,
+            4 => { event["class"] = json!("drift"); event["rec"]["change"] = v; event.as_object_mut().map(|m| m.remove("err")); }
+            5 => event["err"]["fp"] = v,
+            6 => event["session"]["catalog"]["tools"] = v,
+            _ => event["session"]["catalog"]["bytes"] = v,
+        }
+        if let Ok(out) = validate_and_filter_event(&event) {
+            prop_assert!(!out.to_string().contains(&c.needle), "{:?} passed at {}: {}", c.needle, at, out);
+        }
     }
 }

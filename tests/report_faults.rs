@@ -314,6 +314,7 @@ async fn posted_batch_validates_against_the_schema_and_carries_no_org() {
     err.err = Some(bounded_observe_mcp::event::EventErr {
         kind: bounded_observe_mcp::event::ErrKind::Tool,
         code: None,
+        fp: None,
     });
     q.emit(err);
     h.shutdown().await;

@@ -6,7 +6,9 @@
 //! L2 (PII key denylist) and L4 (value scrubber) — but not through the capture allow-set, which
 //! only the sensor knows (`--capture`, `--capture-text`). Every free-form metadata string
 //! (`rec.action`, `dest.host`, `dest.pathTemplate`, `actor.id`, `onBehalfOf`, `session.*`) and
-//! `err.code` go through L4 too: a hit rejects the whole event. The output always validates against
+//! `err.code` go through L4 too: a hit rejects the whole event. The evidence fields (`rec.toolDef`,
+//! `rec.prevToolDef`, `err.fp`: hex hashes; `rec.listed`: a boolean; `rec.hints`, `rec.change`:
+//! enums; `session.catalog`: counts) are checked by shape alone, which leaves no room for text. The output always validates against
 //! `schema/event.v2.schema.json`; a test proves it over generated events. A v1 envelope keeps its
 //! `v` and loses `rec.fields`, with no other branching. It never copies an unknown field, never
 //! logs a value, and never panics on hostile input.
@@ -21,7 +23,7 @@
 use serde_json::{Map, Value};
 
 use super::privacy;
-use super::{ErrKind, Event, EventClass};
+use super::{DriftChange, ErrKind, Event, EventClass, Hint};
 use crate::token::is_b64url;
 
 /// The envelope version this build produces (DESIGN §4).
@@ -81,6 +83,12 @@ struct View<'a> {
     action: Read<&'a str>,
     registry_version: Read<Option<&'a str>>,
     fields: Read<Option<&'a Map<String, Value>>>,
+    tool_def: Read<Option<&'a str>>,
+    listed: Read<Option<bool>>,
+    /// `None`: absent or empty.
+    hints: Read<Option<HintList>>,
+    change: Read<Option<&'a str>>,
+    prev_tool_def: Read<Option<&'a str>>,
     host: Read<&'a str>,
     path_template: Read<&'a str>,
     method: Read<&'a str>,
@@ -102,6 +110,8 @@ struct SessionView<'a> {
     id: Read<&'a str>,
     protocol: Read<Option<&'a str>>,
     client: Read<Option<&'a str>>,
+    /// `session.catalog`: (tools, bytes).
+    catalog: Read<Option<(Option<u64>, u64)>>,
 }
 
 #[derive(Clone, Copy)]
@@ -109,6 +119,7 @@ struct ErrView<'a> {
     /// `None`: not a string.
     kind: Read<Option<&'a str>>,
     code: Read<Option<i64>>,
+    fp: Read<Option<&'a str>>,
 }
 
 /// `m[key]`, which the envelope requires.
@@ -157,6 +168,20 @@ impl<'a> View<'a> {
                     id: string(member(Ok(s), "id", "session.id"), "session.id"),
                     protocol: optional_string(Ok(s), "protocol", "protocol"),
                     client: optional_string(Ok(s), "client", "client"),
+                    catalog: optional(Ok(s), "catalog").and_then(|c| {
+                        c.map(|c| {
+                            let c = object(Ok(c), "session.catalog")?;
+                            let tools = optional(Ok(c), "tools")?
+                                .map(|t| uint(Ok(t), "session.catalog.tools"))
+                                .transpose()?;
+                            let bytes = uint(
+                                member(Ok(c), "bytes", "session.catalog.bytes"),
+                                "session.catalog.bytes",
+                            )?;
+                            Ok((tools, bytes))
+                        })
+                        .transpose()
+                    }),
                 })
             })
             .transpose()
@@ -170,6 +195,7 @@ impl<'a> View<'a> {
                         c.map(|c| c.as_i64().ok_or(Bad("err.code", "not an integer")))
                             .transpose()
                     }),
+                    fp: optional_string(Ok(x), "fp", "err.fp"),
                 })
             })
             .transpose()
@@ -184,6 +210,26 @@ impl<'a> View<'a> {
             registry_version: optional_string(rec, "registryVersion", "rec.registryVersion"),
             fields: optional(rec, "fields")
                 .and_then(|f| f.map(|f| object(Ok(f), "rec.fields")).transpose()),
+            tool_def: optional_string(rec, "toolDef", "rec.toolDef"),
+            listed: optional(rec, "listed").and_then(|l| {
+                l.map(|l| l.as_bool().ok_or(Bad("rec.listed", "not a boolean")))
+                    .transpose()
+            }),
+            hints: optional(rec, "hints").and_then(|h| {
+                let Some(h) = h else { return Ok(None) };
+                let a = h.as_array().ok_or(Bad("rec.hints", "not an array"))?;
+                let mut list = HintList::default();
+                for x in a {
+                    let i = x
+                        .as_str()
+                        .and_then(|n| HINTS.iter().position(|k| *k == n))
+                        .ok_or(Bad("rec.hints", "unknown or repeated hint"))?;
+                    list.push(i)?;
+                }
+                Ok(Some(list).filter(|l| l.len > 0))
+            }),
+            change: optional_string(rec, "change", "rec.change"),
+            prev_tool_def: optional_string(rec, "prevToolDef", "rec.prevToolDef"),
             host: string(member(dest, "host", "dest.host"), "dest.host"),
             path_template: string(
                 member(dest, "pathTemplate", "dest.pathTemplate"),
@@ -212,11 +258,29 @@ impl<'a> View<'a> {
             class: Ok(Some(match e.class {
                 EventClass::Action => "action",
                 EventClass::Error => "error",
+                EventClass::Drift => "drift",
             })),
             rail: Ok(&e.rec.rail),
             action: Ok(&e.rec.action),
             registry_version: Ok(e.rec.registry_version.as_deref()),
             fields: Ok(e.rec.fields.as_ref()),
+            tool_def: Ok(e.rec.tool_def.as_deref()),
+            listed: Ok(e.rec.listed),
+            hints: e
+                .rec
+                .hints
+                .iter()
+                .try_fold(HintList::default(), |mut l, h| {
+                    l.push(hint_index(*h))?;
+                    Ok(l)
+                })
+                .map(|l| Some(l).filter(|l| l.len > 0)),
+            change: Ok(e.rec.change.map(|c| match c {
+                DriftChange::Added => "added",
+                DriftChange::Removed => "removed",
+                DriftChange::Changed => "changed",
+            })),
+            prev_tool_def: Ok(e.rec.prev_tool_def.as_deref()),
             host: Ok(&e.dest.host),
             path_template: Ok(&e.dest.path_template),
             method: Ok(&e.dest.method),
@@ -232,6 +296,7 @@ impl<'a> View<'a> {
                 id: Ok(&s.id),
                 protocol: Ok(s.protocol.as_deref()),
                 client: Ok(s.client.as_deref()),
+                catalog: Ok(s.catalog.map(|c| (c.tools, c.bytes))),
             })),
             err: Ok(e.err.as_ref().map(|x| ErrView {
                 kind: Ok(Some(match x.kind {
@@ -242,6 +307,7 @@ impl<'a> View<'a> {
                     ErrKind::Transport => "transport",
                 })),
                 code: Ok(x.code),
+                fp: Ok(x.fp.as_deref()),
             })),
         }
     }
@@ -257,8 +323,9 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
     }
     check_token(e.id?, "id", 64, 8, is_b64url)?;
     check_timestamp(e.ts?)?;
-    if !matches!(e.class?, Some("action" | "error")) {
-        return Err(invalid("class", "not action or error"));
+    let class = e.class?;
+    if !matches!(class, Some("action" | "error" | "drift")) {
+        return Err(invalid("class", "not action, error or drift"));
     }
 
     check_token(e.rail?, "rec.rail", 32, 1, rail_char)?;
@@ -267,6 +334,24 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
         check_token(r, "rec.registryVersion", 64, 1, hex_char)?;
     }
     let keep_fields = v == u64::from(EVENT_SCHEMA_VERSION) && e.fields?.is_some();
+    if let Some(d) = e.tool_def? {
+        check_hash(d, "rec.toolDef")?;
+    }
+    e.listed?;
+    e.hints?;
+    match (e.change?, class) {
+        (Some("added" | "removed" | "changed"), Some("drift"))
+        | (None, Some("action" | "error")) => {}
+        _ => {
+            return Err(invalid(
+                "rec.change",
+                "required for drift, and only for drift",
+            ))
+        }
+    }
+    if let Some(d) = e.prev_tool_def? {
+        check_hash(d, "rec.prevToolDef")?;
+    }
 
     let path = e.path_template?;
     check_metadata(path, "dest.pathTemplate", true)?;
@@ -301,6 +386,16 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
                 check_metadata(text, key, false)?;
             }
         }
+        if let Some((tools, bytes)) = s.catalog? {
+            for n in tools.into_iter().chain([bytes]) {
+                if privacy::number_is_sensitive(&serde_json::Number::from(n)) {
+                    return Err(invalid(
+                        "session.catalog",
+                        "holds a value the L4 scrubber removes",
+                    ));
+                }
+            }
+        }
     }
     if let Some(x) = e.err? {
         let known = ["jsonrpc", "tool", "timeout", "cancelled", "transport"];
@@ -309,6 +404,9 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
         }
         if let Some(c) = x.code? {
             check_code(c)?;
+        }
+        if let Some(fp) = x.fp? {
+            check_hash(fp, "err.fp")?;
         }
     }
     Ok(keep_fields)
@@ -346,6 +444,24 @@ fn rebuild(e: &View<'_>, keep_fields: bool, event: &Value) -> Result<Value, Filt
             rec.insert("fields".into(), Value::Object(kept));
         }
     }
+    if let Some(d) = e.tool_def? {
+        rec.insert("toolDef".into(), text(d));
+    }
+    if let Some(l) = e.listed? {
+        rec.insert("listed".into(), Value::Bool(l));
+    }
+    if let Some(h) = e.hints? {
+        let names = h.at[..usize::from(h.len)]
+            .iter()
+            .map(|i| text(HINTS[usize::from(*i)]));
+        rec.insert("hints".into(), names.collect());
+    }
+    if let Some(c) = e.change? {
+        rec.insert("change".into(), text(c));
+    }
+    if let Some(d) = e.prev_tool_def? {
+        rec.insert("prevToolDef".into(), text(d));
+    }
     let mut dest = Map::new();
     dest.insert("host".into(), text(e.host?));
     dest.insert("pathTemplate".into(), text(e.path_template?));
@@ -381,6 +497,14 @@ fn rebuild(e: &View<'_>, keep_fields: bool, event: &Value) -> Result<Value, Filt
                 session.insert(key.into(), text(x));
             }
         }
+        if let Some((tools, bytes)) = s.catalog? {
+            let mut c = Map::new();
+            if let Some(t) = tools {
+                c.insert("tools".into(), Value::from(t));
+            }
+            c.insert("bytes".into(), Value::from(bytes));
+            session.insert("catalog".into(), Value::Object(c));
+        }
         out.insert("session".into(), Value::Object(session));
     }
     if let Some(x) = e.err? {
@@ -388,6 +512,9 @@ fn rebuild(e: &View<'_>, keep_fields: bool, event: &Value) -> Result<Value, Filt
         err.insert("kind".into(), x.kind?.map_or(Value::Null, text));
         if let Some(c) = x.code? {
             err.insert("code".into(), Value::from(c));
+        }
+        if let Some(fp) = x.fp? {
+            err.insert("fp".into(), text(fp));
         }
         out.insert("err".into(), Value::Object(err));
     }
@@ -438,6 +565,14 @@ fn check_clear(s: &str, field: &str) -> Result<(), FilterError> {
 /// [`check_text`] and [`check_clear`]: the rule for every free-form metadata string.
 fn check_metadata(s: &str, field: &str, non_empty: bool) -> Result<(), FilterError> {
     check_text(s, field, non_empty)?;
+    check_clear(s, field)
+}
+
+/// A hash (`toolDef`, `prevToolDef`, `err.fp`): lower-case hex, and nothing L4 removes (hex can
+/// spell a card number; the sensor never makes such a hash, see
+/// `observe::fingerprint::clear_digest`).
+fn check_hash(s: &str, field: &str) -> Result<(), FilterError> {
+    check_token(s, field, 64, 1, hex_char)?;
     check_clear(s, field)
 }
 
@@ -562,6 +697,37 @@ fn admit_fields(mut m: Map<String, Value>) -> Map<String, Value> {
         keep
     });
     m
+}
+
+/// `rec.hints` values, in the order the sensor writes them.
+const HINTS: [&str; 4] = ["readOnly", "destructive", "idempotent", "openWorld"];
+
+fn hint_index(h: Hint) -> usize {
+    match h {
+        Hint::ReadOnly => 0,
+        Hint::Destructive => 1,
+        Hint::Idempotent => 2,
+        Hint::OpenWorld => 3,
+    }
+}
+
+/// `rec.hints` as read: indices into [`HINTS`], in the order given, each at most once.
+#[derive(Clone, Copy, Default)]
+struct HintList {
+    at: [u8; 4],
+    len: u8,
+}
+
+impl HintList {
+    fn push(&mut self, i: usize) -> Result<(), Bad> {
+        let repeated = self.at[..usize::from(self.len)].contains(&(i as u8));
+        if repeated || usize::from(self.len) >= HINTS.len() || i >= HINTS.len() {
+            return Err(Bad("rec.hints", "unknown or repeated hint"));
+        }
+        self.at[usize::from(self.len)] = i as u8;
+        self.len += 1;
+        Ok(())
+    }
 }
 
 // The id's alphabet, the schema's `^[A-Za-z0-9_-]{8,64}$`, is base64url: `is_b64url`.
@@ -809,6 +975,62 @@ pub(crate) mod tests {
         assert!(validate_and_filter_event(&e).is_err());
     }
 
+    /// The evidence fields pass as the sensor writes them, and anything else is refused: text
+    /// where a hash, enum or count belongs, a hash that spells a card number, a `change`
+    /// outside a drift event, a drift event without one.
+    #[test]
+    fn evidence_fields_are_checked_by_shape() {
+        let mut e = sample();
+        e["rec"]["toolDef"] = json!("0123456789abcdef");
+        e["rec"]["listed"] = json!(false);
+        e["rec"]["hints"] = json!(["readOnly", "openWorld"]);
+        e["session"]["catalog"] = json!({"tools": 12, "bytes": 4096});
+        assert_eq!(validate_and_filter_event(&e), Ok(e.clone()));
+        let mut d = e.clone();
+        d["class"] = json!("drift");
+        assert!(
+            validate_and_filter_event(&d).is_err(),
+            "drift needs a change"
+        );
+        d["rec"]["change"] = json!("changed");
+        d["rec"]["prevToolDef"] = json!("fedcba9876543210");
+        assert_eq!(validate_and_filter_event(&d), Ok(d.clone()));
+        let mut x = e.clone();
+        x["class"] = json!("error");
+        x["err"] = json!({"kind": "tool", "fp": "00ff00ff00ff00ff"});
+        assert_eq!(validate_and_filter_event(&x), Ok(x.clone()));
+        for (path, bad) in [
+            (&["rec", "toolDef"][..], json!("jane@example.com")),
+            (&["rec", "toolDef"], json!("4111111111111111")),
+            (&["rec", "toolDef"], json!("ABCDEF")),
+            (&["rec", "hints"], json!(["readOnly", "readOnly"])),
+            (&["rec", "hints"], json!(["safe"])),
+            (&["rec", "listed"], json!("no")),
+            (&["rec", "change"], json!("added")),
+            (&["session", "catalog"], json!({"tools": 1})),
+            (
+                &["session", "catalog"],
+                json!({"bytes": 4111111111111111u64}),
+            ),
+            (&["session", "catalog"], json!({"bytes": "big"})),
+        ] {
+            let mut bad_event = e.clone();
+            let mut slot = &mut bad_event;
+            for k in path {
+                slot = &mut slot[*k];
+            }
+            *slot = bad.clone();
+            assert!(
+                validate_and_filter_event(&bad_event).is_err(),
+                "{path:?} = {bad}"
+            );
+            let typed = serde_json::from_value::<crate::event::Event>(bad_event);
+            if let Ok(t) = typed {
+                assert!(filter_event(t).is_err(), "{path:?} = {bad}");
+            }
+        }
+    }
+
     /// The compiled event schema, the same file the ingest documents.
     pub(crate) fn event_validator() -> jsonschema::Validator {
         let schema: Value = serde_json::from_str(EVENT_SCHEMA_JSON).expect("schema parses");
@@ -937,6 +1159,25 @@ pub(crate) mod tests {
                                 e[k] = x;
                             }
                         }
+                        // The evidence fields, valid or not, from the junk's shape.
+                        let n = e["bytes"]["req"].as_u64().unwrap_or(0) + e.to_string().len() as u64;
+                        match n % 7 {
+                            0 => e["rec"]["toolDef"] = json!("0123456789abcdef"),
+                            1 => e["rec"]["hints"] = json!(["readOnly", "openWorld"]),
+                            2 => e["rec"]["listed"] = json!(false),
+                            3 => {
+                                e["class"] = json!("drift");
+                                e["rec"]["change"] = json!("changed");
+                                e["rec"]["prevToolDef"] = json!("fedcba9876543210");
+                            }
+                            4 => if e["session"].is_object() {
+                                e["session"]["catalog"] = json!({"tools": 3, "bytes": 1200});
+                            },
+                            5 => if e["err"].is_object() {
+                                e["err"]["fp"] = json!("00ff00ff00ff00ff");
+                            },
+                            _ => e["rec"]["hints"] = json!(["readOnly", "readOnly"]),
+                        }
                         e
                     },
                 )
@@ -962,8 +1203,31 @@ pub(crate) mod tests {
         /// Built events with every field sometimes invalid, for the typed filter's equivalence.
         fn any_built_event() -> BoxedStrategy<crate::event::Event> {
             use crate::event::{
-                Actor, ByteSizes, Dest, ErrKind, Event, EventClass, EventErr, Rec, Session,
+                Actor, ByteSizes, CatalogSize, Dest, DriftChange, ErrKind, Event, EventClass,
+                EventErr, Hint, Rec, Session,
             };
+            let evidence = (
+                prop::option::of(mostly("[0-9a-f]{16}")),
+                prop::option::of(any::<bool>()),
+                prop::collection::vec(
+                    prop_oneof![
+                        Just(Hint::ReadOnly),
+                        Just(Hint::Destructive),
+                        Just(Hint::Idempotent),
+                        Just(Hint::OpenWorld)
+                    ],
+                    0..3,
+                ),
+                prop::option::of(prop_oneof![
+                    Just(DriftChange::Added),
+                    Just(DriftChange::Removed),
+                    Just(DriftChange::Changed)
+                ]),
+                prop::option::of(mostly("[0-9a-f]{16}")),
+                prop::option::of((prop::option::of(any::<u64>()), any::<u64>())),
+                prop::option::of(mostly("[0-9a-f]{16}")),
+                0u8..3,
+            );
             let fields = prop::option::of(
                 prop::collection::btree_map(any_text(), any_scalarish(), 0..40)
                     .prop_map(|m| m.into_iter().collect::<Map<String, Value>>()),
@@ -1024,6 +1288,7 @@ pub(crate) mod tests {
                     )),
                     err,
                 ),
+                evidence,
             )
                 .prop_map(
                     |(
@@ -1038,11 +1303,14 @@ pub(crate) mod tests {
                             session,
                             err,
                         ),
+                        (tool_def, listed, hints, change, prev, catalog, fp, drift),
                     )| Event {
                         v,
                         id,
                         ts,
-                        class: if error {
+                        class: if drift == 0 {
+                            EventClass::Drift
+                        } else if error {
                             EventClass::Error
                         } else {
                             EventClass::Action
@@ -1052,6 +1320,11 @@ pub(crate) mod tests {
                             action,
                             registry_version: reg,
                             fields,
+                            tool_def: tool_def.map(Into::into),
+                            listed,
+                            hints,
+                            change,
+                            prev_tool_def: prev.map(Into::into),
                         },
                         dest: Dest {
                             host: host.into(),
@@ -1071,8 +1344,9 @@ pub(crate) mod tests {
                             id: id.into(),
                             protocol: protocol.map(Into::into),
                             client: client.map(Into::into),
+                            catalog: catalog.map(|(tools, bytes)| CatalogSize { tools, bytes }),
                         }),
-                        err: err.map(|(kind, code)| EventErr { kind, code }),
+                        err: err.map(|(kind, code)| EventErr { kind, code, fp }),
                     },
                 )
                 .boxed()

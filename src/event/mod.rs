@@ -8,6 +8,7 @@
 
 pub mod call;
 pub mod filter;
+pub mod health;
 pub mod privacy;
 
 use std::borrow::Cow;
@@ -118,6 +119,28 @@ impl<'de> Deserialize<'de> for SharedStr {
 pub enum EventClass {
     Action,
     Error,
+    /// A listed tool was added, removed or redefined between two `tools/list` results of one
+    /// session (`rec.change`); not a call.
+    Drift,
+}
+
+/// A tool annotation the server set to `true` (`rec.hints`): the server's claim, not a fact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Hint {
+    ReadOnly,
+    Destructive,
+    Idempotent,
+    OpenWorld,
+}
+
+/// What a `drift` event says happened to a tool (`rec.change`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DriftChange {
+    Added,
+    Removed,
+    Changed,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,6 +155,26 @@ pub struct Rec {
     /// Captured argument values: allow-listed keys, scalars only, after L2 and L4.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fields: Option<Map<String, Value>>,
+    /// 16 hex digits of SHA-256 over the called tool's canonical definition as last listed
+    /// (`drift`: the new one); absent (null) when no catalog was seen or the tool is not in it.
+    #[serde(rename = "toolDef", default, skip_serializing_if = "Option::is_none")]
+    pub tool_def: Option<SharedStr>,
+    /// `false` when a catalog was seen and the called tool is not in it; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listed: Option<bool>,
+    /// The listed tool's annotations set to `true`, in [`Hint`] order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hints: Vec<Hint>,
+    /// `drift` only: what happened to the tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<DriftChange>,
+    /// `drift` only: the definition hash before the change (absent for `added`).
+    #[serde(
+        rename = "prevToolDef",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub prev_tool_def: Option<SharedStr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -167,6 +210,19 @@ pub struct Session {
     pub protocol: Option<SharedStr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client: Option<SharedStr>,
+    /// The size of the last `tools/list` seen: the context every agent turn pays for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<CatalogSize>,
+}
+
+/// `session.catalog`: how many tools the last `tools/list` had, and its bytes on the wire (all
+/// pages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogSize {
+    /// Absent when a page was too large to read whole (its tools were not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<u64>,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -184,6 +240,10 @@ pub struct EventErr {
     pub kind: ErrKind,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub code: Option<i64>,
+    /// 16 hex digits of SHA-256 over the tool, kind, code and the shape of the error text
+    /// (see `observe::fingerprint`); the text itself never leaves the process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp: Option<String>,
 }
 
 /// One `tools/call`, as evidence.
@@ -215,6 +275,9 @@ pub struct SensorInfo {
     pub version: String,
     /// `"stdio"` or `"http"`.
     pub transport: String,
+    /// What the sensor saw go wrong since its previous batch (see [`health`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<health::Health>,
 }
 
 /// Version of the batch envelope (DESIGN §4).
@@ -324,6 +387,11 @@ pub trait EventSink: Send {
     /// (the stdio observer, which works off a backlog) uses it to pace itself to the consumer.
     fn room(&self) -> usize {
         usize::MAX
+    }
+
+    /// Where the observer adds its `sensor.health` counts, if this sink sends batches.
+    fn health(&self) -> Option<&health::HealthCounters> {
+        None
     }
 
     /// Whether [`EventSink::emit_call`] uses the call's facts: the observer gathers them only
@@ -482,6 +550,7 @@ mod tests {
         let sensor = SensorInfo {
             version: "0.1.0".into(),
             transport: "stdio".into(),
+            health: None,
         };
         let schema = filter::tests::batch_validator();
         let mut body = BatchBody::default();

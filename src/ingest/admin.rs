@@ -222,6 +222,18 @@ impl AdminClient {
         array_field(&url, v, "rollups")
     }
 
+    /// `GET /v1/tools[?org=]`: the `tools` array (definition hashes per host and tool, with the
+    /// `changed` and `inconsistent` flags).
+    pub async fn tools(&self, org: Option<&str>) -> Result<Vec<Value>, AdminError> {
+        let mut url = self.url(super::server::TOOLS_PATH)?;
+        if let Some(o) = org {
+            url.query_pairs_mut().append_pair("org", o);
+        }
+        let (_, bytes) = self.send(self.http.get(url.clone()), &url).await?;
+        let v: Value = Self::parse(&url, &bytes)?;
+        array_field(&url, v, "tools")
+    }
+
     /// `GET /v1/events?…`: stored events, newest first. `filters` are `(name, value)` pairs
     /// among `org`, `actor`, `action`, `class`, `limit`.
     pub async fn events(&self, filters: &[(&str, &str)]) -> Result<Vec<Value>, AdminError> {

@@ -40,6 +40,9 @@ pub struct RawBatch<'a> {
     /// (`None` above), and the caller rejects every event of the batch, as for a hit in an
     /// event's own metadata.
     pub sensor_sensitive: bool,
+    /// `sensor.health`, when it is well formed (else zero: it is skipped, like any other
+    /// malformed part of `sensor`).
+    pub health: crate::event::health::Health,
     pub events: Vec<&'a RawValue>,
 }
 
@@ -102,6 +105,7 @@ pub fn parse(body: &[u8], max_events: usize) -> Result<RawBatch<'_>, BatchError>
         sensor_version: fields.sensor_version,
         sensor_transport: fields.sensor_transport,
         sensor_sensitive: fields.sensor_sensitive,
+        health: fields.health,
         events,
     })
 }
@@ -114,6 +118,7 @@ struct Fields<'a> {
     sensor_version: Option<String>,
     sensor_transport: Option<String>,
     sensor_sensitive: bool,
+    health: crate::event::health::Health,
     events: Option<Vec<&'a RawValue>>,
 }
 
@@ -146,6 +151,7 @@ impl<'de> Visitor<'de> for BatchSeed<'_> {
                 "sensor" => {
                     let s: Sensor = map.next_value()?;
                     out.sensor_sensitive = s.sensitive;
+                    out.health = s.health;
                     (out.sensor_version, out.sensor_transport) = if s.sensitive {
                         (None, None)
                     } else {
@@ -277,6 +283,35 @@ struct Sensor {
     transport: Option<String>,
     /// Either string held a value layer 4 removes.
     sensitive: bool,
+    health: crate::event::health::Health,
+}
+
+/// Longest `sensor.health` text read: five counts and their names are under 200 bytes.
+const MAX_HEALTH_TEXT: usize = 1024;
+
+/// `sensor.health` from its text: five counts, each at most
+/// [`crate::event::health::MAX_HEALTH_COUNT`]; anything else is zero (skipped).
+fn health_of(raw: &RawValue) -> crate::event::health::Health {
+    use crate::event::health::{Health, MAX_HEALTH_COUNT};
+    if raw.get().len() > MAX_HEALTH_TEXT {
+        return Health::default();
+    }
+    match serde_json::from_str::<Health>(raw.get()) {
+        Ok(h)
+            if [
+                h.stdout_non_json,
+                h.oversize_frames,
+                h.orphan_responses,
+                h.unobserved,
+                h.tap_dropped_bytes,
+            ]
+            .iter()
+            .all(|n| *n <= MAX_HEALTH_COUNT) =>
+        {
+            h
+        }
+        _ => Health::default(),
+    }
 }
 
 impl<'de> de::Deserialize<'de> for Sensor {
@@ -300,6 +335,10 @@ impl<'de> de::Deserialize<'de> for Sensor {
                             let v = map.next_value::<ShortStr>()?;
                             s.sensitive |= v.sensitive;
                             s.transport = v.text;
+                        }
+                        "health" => {
+                            let raw = map.next_value::<&'de RawValue>()?;
+                            s.health = health_of(raw);
                         }
                         _ => {
                             map.next_value::<IgnoredAny>()?;

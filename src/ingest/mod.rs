@@ -35,9 +35,10 @@
 //! | `POST /v1/events` | sensor token | 200 `{accepted, rejected, duplicates}` after commit; 400 malformed JSON, invalid UTF-8 or batch shape (`dropped` over [`batch::MAX_DROPPED_PER_BATCH`] included); 401 bad/unknown/revoked token; 408 body too slow; 413 body over [`DEFAULT_MAX_BODY_BYTES`] or more than 500 events; 429 the key already has [`DEFAULT_MAX_BATCHES_PER_KEY`] batches in progress, 503 no batch slot free within [`DEFAULT_SLOT_WAIT`] (both with `Retry-After: 1`) |
 //! | `POST /v1/admin/keys` `{org, name?}` | admin secret | 201 `{keyId, token, org, name?}` |
 //! | `DELETE /v1/admin/keys/{keyId}` | admin secret | 204 (also when already revoked), 404 unknown |
-//! | `GET /v1/rollups?org=` | admin secret | `{rollups: [{org, actor, action, class, count, sums}]}` |
-//! | `GET /v1/events?org&actor&action&class&limit` | admin secret | `{events: [...]}` newest received first; `limit` 1-1000, default 100 |
-//! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen, refused: {rate, slots}}]}`; `refused` counts 429s and 503s since start |
+//! | `GET /v1/rollups?org=` | admin secret | `{rollups: [{org, actor, action, class, count, sums}], errorGroups: [{org, fp, tool, kind, code?, count, firstSeen, lastSeen}], catalogs: [{org, host, tools?, bytes, lastSeen}]}`; error groups most frequent first, catalogs (the largest seen per host) largest first, 1000 of each at most |
+//! | `GET /v1/tools?org=` | admin secret | `{tools: [{org, host, tool, defs: [{def, firstSeen, lastSeen, sensors}], changed, inconsistent}]}`: `changed`, one sensor saw two hashes; `inconsistent`, two sensors saw different hashes in the same hour |
+//! | `GET /v1/events?org&actor&action&class&limit` | admin secret | `{events: [...]}` newest received first; `class` is `action`, `error` or `drift`; `limit` 1-1000, default 100 |
+//! | `GET /v1/admin/sensors` | admin secret | `{sensors: [{keyId, batches, accepted, dropped, version, transport, lastSeen, health, refused: {rate, slots}}]}`; `health` sums the sensor's `sensor.health` counts; `refused` counts 429s and 503s since start |
 //! | `GET /healthz` | none | 200 |
 //! | `GET /`, `/assets/*`, `/ui/*` | see [`web`] | the live view |
 //!

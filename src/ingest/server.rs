@@ -28,7 +28,8 @@ use super::admission::{Admission, Refusal};
 use super::batch::{self, BatchError, MAX_EVENT_BYTES};
 use super::keys::{AdminSecret, Signer};
 use super::store::{
-    BatchOutcome, BatchWrite, EventQuery, EventRow, KeyRecord, RevokeOutcome, Store, StoreError,
+    BatchOutcome, BatchWrite, EventQuery, EventRow, Evidence, KeyRecord, RevokeOutcome, Store,
+    StoreError,
 };
 use super::Limits;
 use crate::event::validate_and_filter_event;
@@ -41,6 +42,8 @@ pub const ADMIN_KEYS_PATH: &str = "/v1/admin/keys";
 /// Per-sensor counters (batches, accepted events, the sensor's own `dropped`).
 pub const ADMIN_SENSORS_PATH: &str = "/v1/admin/sensors";
 pub const ROLLUPS_PATH: &str = "/v1/rollups";
+/// The fleet view of tool definitions (`changed` and `inconsistent` flags).
+pub const TOOLS_PATH: &str = "/v1/tools";
 pub const HEALTH_PATH: &str = "/healthz";
 
 /// Events returned by `GET /v1/events` when no `limit` is given.
@@ -77,6 +80,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .route(&format!("{ADMIN_KEYS_PATH}/{{key_id}}"), delete(revoke_key))
         .route(ADMIN_SENSORS_PATH, get(get_sensors))
         .route(ROLLUPS_PATH, get(get_rollups))
+        .route(TOOLS_PATH, get(get_tools))
         .route(HEALTH_PATH, get(health))
         .merge(super::web::routes())
         .fallback(not_found)
@@ -305,6 +309,7 @@ pub(crate) fn prepare_batch(
             received_at,
             rows,
             dropped: raw.dropped,
+            health: raw.health,
             sensor_version: raw.sensor_version,
             sensor_transport: raw.sensor_transport,
         },
@@ -330,6 +335,7 @@ fn stamp(filtered: Value, key: &KeyRecord, received_at: &str) -> Option<EventRow
     let actor = s(&m, "actor", Some("id"))?;
     let action = s(&m, "rec", Some("action"))?;
     let class = s(&m, "class", None)?;
+    let evidence = evidence_of(&m, received_at);
     m.insert("org".into(), Value::String(key.org.clone()));
     m.insert("sensor".into(), Value::String(key.key_id.clone()));
     m.insert("receivedAt".into(), Value::String(received_at.to_owned()));
@@ -340,7 +346,54 @@ fn stamp(filtered: Value, key: &KeyRecord, received_at: &str) -> Option<EventRow
         action,
         class,
         body,
+        evidence,
     })
+}
+
+/// The evidence fields of a filtered event, for the store's aggregates.
+fn evidence_of(m: &Map<String, Value>, received_at: &str) -> Evidence {
+    let text = |path: &[&str]| {
+        let mut v = m.get(path[0]);
+        for k in &path[1..] {
+            v = v.and_then(|x| x.get(k));
+        }
+        v.and_then(Value::as_str).map(str::to_owned)
+    };
+    // The sensor's own `ts` when it is the UTC form it writes (sorts as text); else receipt.
+    let seen = text(&["ts"])
+        .filter(|t| t.len() == 24 && t.ends_with('Z'))
+        .unwrap_or_else(|| received_at.to_owned());
+    let tool_defs = [text(&["rec", "toolDef"]), text(&["rec", "prevToolDef"])]
+        .into_iter()
+        .flatten()
+        .collect();
+    let error = text(&["err", "fp"]).map(|fp| {
+        let err = m.get("err");
+        (
+            fp,
+            err.and_then(|e| e.get("kind"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            err.and_then(|e| e.get("code")).and_then(Value::as_i64),
+        )
+    });
+    let catalog = m
+        .get("session")
+        .and_then(|s| s.get("catalog"))
+        .and_then(|c| {
+            Some((
+                c.get("tools").and_then(Value::as_u64),
+                c.get("bytes")?.as_u64()?,
+            ))
+        });
+    Evidence {
+        host: text(&["dest", "host"]).unwrap_or_default(),
+        seen,
+        tool_defs,
+        error,
+        catalog,
+    }
 }
 
 async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
@@ -500,7 +553,26 @@ async fn get_rollups(State(state): State<Shared>, headers: HeaderMap, q: QueryPa
         .rollups(param(&q, "org"))
         .await
         .map_err(store_failed)?;
-    Ok(Json(json!({ "rollups": r })).into_response())
+    let (error_groups, catalogs) = state
+        .store
+        .evidence_rollups(param(&q, "org"))
+        .await
+        .map_err(store_failed)?;
+    Ok(
+        Json(json!({ "rollups": r, "errorGroups": error_groups, "catalogs": catalogs }))
+            .into_response(),
+    )
+}
+
+async fn get_tools(State(state): State<Shared>, headers: HeaderMap, q: QueryParams) -> ApiResult {
+    authenticate_admin(&state, &headers)?;
+    let q = query_params(q)?;
+    let tools = state
+        .store
+        .tools(param(&q, "org"))
+        .await
+        .map_err(store_failed)?;
+    Ok(Json(json!({ "tools": tools })).into_response())
 }
 
 async fn get_events(State(state): State<Shared>, headers: HeaderMap, q: QueryParams) -> ApiResult {
@@ -519,11 +591,11 @@ async fn get_events(State(state): State<Shared>, headers: HeaderMap, q: QueryPar
     let class = param(&q, "class");
     if class
         .as_deref()
-        .is_some_and(|c| c != "action" && c != "error")
+        .is_some_and(|c| !matches!(c, "action" | "error" | "drift"))
     {
         return Err(error(
             StatusCode::BAD_REQUEST,
-            "`class` must be `action` or `error`",
+            "`class` must be `action`, `error` or `drift`",
         ));
     }
     let query = EventQuery {

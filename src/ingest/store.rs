@@ -25,7 +25,8 @@
 //! a read-only connection reads `application_id`, `user_version` and the table names. An empty
 //! file is initialised (schema, [`SCHEMA_VERSION`], [`APPLICATION_ID`]) in one transaction; a
 //! database of ours at [`SCHEMA_VERSION`] is opened (one from a build before the application id
-//! gets it stamped); anything else (another program's database, a newer schema, a file that is
+//! gets it stamped), and one at an older version is first brought up to it by [`MIGRATIONS`],
+//! in one transaction; anything else (another program's database, a newer schema, a file that is
 //! not SQLite) is refused and left byte for byte as it was.
 
 use std::collections::{BTreeMap, HashMap};
@@ -64,8 +65,9 @@ const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_milli
 const WAL_AUTOCHECKPOINT_PAGES: i64 = 16 * 1024;
 /// After a checkpoint, the WAL file is truncated back to at most this size.
 const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
-/// Schema version in `PRAGMA user_version`, so a later layout can migrate.
-pub const SCHEMA_VERSION: i64 = 1;
+/// Schema version in `PRAGMA user_version`: [`SCHEMA`] is version 1, and each of
+/// [`MIGRATIONS`] takes the database one version further.
+pub const SCHEMA_VERSION: i64 = 2;
 /// `PRAGMA application_id` of our databases ("BdIn"): tells our file from another program's
 /// SQLite file with a `user_version` that happens to match.
 pub const APPLICATION_ID: i64 = 0x4264_496E;
@@ -107,6 +109,72 @@ CREATE TABLE IF NOT EXISTS sensors (
 );
 ";
 
+/// The layout changes after version 1, in order: `(version reached, statements)`. A database of
+/// an older version is brought up to [`SCHEMA_VERSION`] on open, in one transaction. One that
+/// shipped is never edited: a change is a new entry.
+const MIGRATIONS: [(i64, &str); 1] = [(2, MIGRATION_2_EVIDENCE)];
+
+/// Version 2: the fleet view of tool definitions (`GET /v1/tools`), error groups and catalog
+/// sizes (`GET /v1/rollups`), and the sensors' health counters (`GET /v1/admin/sensors`).
+/// Aggregates kept as events are stored, so reads never scan the events: each table grows with
+/// distinct hashes, fingerprints and hosts, not with traffic.
+const MIGRATION_2_EVIDENCE: &str = "
+-- One row per definition hash a sensor saw for a host's tool in an hour (the hour makes
+-- `inconsistent` a lookup, and bounds a row's span).
+CREATE TABLE tool_defs (
+    org        TEXT NOT NULL,
+    host       TEXT NOT NULL,
+    tool       TEXT NOT NULL,
+    def        TEXT NOT NULL,
+    sensor     TEXT NOT NULL,
+    hour       TEXT NOT NULL,
+    first_seen TEXT NOT NULL,
+    last_seen  TEXT NOT NULL,
+    PRIMARY KEY (org, host, tool, def, sensor, hour)
+) WITHOUT ROWID;
+CREATE TABLE error_groups (
+    org        TEXT NOT NULL,
+    fp         TEXT NOT NULL,
+    tool       TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    code       INTEGER,
+    count      INTEGER NOT NULL,
+    first_seen TEXT NOT NULL,
+    last_seen  TEXT NOT NULL,
+    PRIMARY KEY (org, fp, tool)
+) WITHOUT ROWID;
+-- The largest catalog seen per host.
+CREATE TABLE catalogs (
+    org       TEXT NOT NULL,
+    host      TEXT NOT NULL,
+    tools     INTEGER,
+    bytes     INTEGER NOT NULL,
+    last_seen TEXT NOT NULL,
+    PRIMARY KEY (org, host)
+) WITHOUT ROWID;
+ALTER TABLE sensors ADD COLUMN stdout_non_json INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sensors ADD COLUMN oversize_frames INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sensors ADD COLUMN orphan_responses INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sensors ADD COLUMN unobserved INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sensors ADD COLUMN tap_dropped_bytes INTEGER NOT NULL DEFAULT 0;
+";
+
+/// Brings `conn` from `from` to [`SCHEMA_VERSION`] in one transaction (a crash leaves the old
+/// version, whole).
+fn migrate(conn: &mut Connection, from: i64) -> Result<(), rusqlite::Error> {
+    if from >= SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for (version, sql) in MIGRATIONS {
+        if version > from {
+            tx.execute_batch(sql)?;
+        }
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()
+}
+
 /// A store failure. Never caused by what a client sent: the server maps it to 503.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -144,6 +212,22 @@ pub struct EventRow {
     pub class: String,
     /// The stored event (filtered envelope plus `org`, `sensor`, `receivedAt`), serialised.
     pub body: String,
+    /// What the aggregates take from it (applied only when the event is new).
+    pub evidence: Evidence,
+}
+
+/// The evidence fields of one stored event, for the aggregate tables.
+#[derive(Debug, Clone, Default)]
+pub struct Evidence {
+    pub host: String,
+    /// When the sensor saw it (its `ts` in UTC), else when it was received.
+    pub seen: String,
+    /// `rec.toolDef` and, for drift, `rec.prevToolDef`.
+    pub tool_defs: Vec<String>,
+    /// `err.fp`, `err.kind`, `err.code`.
+    pub error: Option<(String, String, Option<i64>)>,
+    /// `session.catalog`: tools, bytes.
+    pub catalog: Option<(Option<u64>, u64)>,
 }
 
 /// A batch ready for the writer.
@@ -155,6 +239,8 @@ pub struct BatchWrite {
     pub rows: Vec<EventRow>,
     /// The sensor's own `dropped` counter for this batch.
     pub dropped: u64,
+    /// The sensor's `health` counts for this batch (zero when it sent none).
+    pub health: crate::event::health::Health,
     pub sensor_version: Option<String>,
     pub sensor_transport: Option<String>,
 }
@@ -212,7 +298,67 @@ pub struct SensorStats {
     pub transport: Option<String>,
     #[serde(rename = "lastSeen", skip_serializing_if = "Option::is_none")]
     pub last_seen: Option<String>,
+    /// Sums of the sensor's `health` counts.
+    pub health: crate::event::health::Health,
 }
+
+/// `GET /v1/tools`: one definition hash of one host's tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolDefSeen {
+    pub def: String,
+    #[serde(rename = "firstSeen")]
+    pub first_seen: String,
+    #[serde(rename = "lastSeen")]
+    pub last_seen: String,
+    /// Sensors (keys) that saw it.
+    pub sensors: u64,
+}
+
+/// `GET /v1/tools`: one host's tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolView {
+    pub org: String,
+    pub host: String,
+    pub tool: String,
+    /// Oldest first.
+    pub defs: Vec<ToolDefSeen>,
+    /// A sensor saw the definition replaced over time (two hashes, one after the other).
+    pub changed: bool,
+    /// Two sensors saw different hashes within the same hour: the server shows different
+    /// definitions to different clients.
+    pub inconsistent: bool,
+}
+
+/// `GET /v1/rollups`: one error group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ErrorGroup {
+    pub org: String,
+    pub fp: String,
+    pub tool: String,
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<i64>,
+    pub count: u64,
+    #[serde(rename = "firstSeen")]
+    pub first_seen: String,
+    #[serde(rename = "lastSeen")]
+    pub last_seen: String,
+}
+
+/// `GET /v1/rollups`: the largest catalog seen on one host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CatalogView {
+    pub org: String,
+    pub host: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<u64>,
+    pub bytes: u64,
+    #[serde(rename = "lastSeen")]
+    pub last_seen: String,
+}
+
+/// Most error groups and catalogs listed in one rollups answer (largest first).
+pub const MAX_ROLLUP_EVIDENCE: u32 = 1000;
 
 enum Job {
     Batch(
@@ -290,8 +436,9 @@ fn create_owner_only(path: &Path) -> std::io::Result<()> {
 enum Layout {
     /// No schema at all: ours to initialise.
     Empty,
-    /// Ours, at [`SCHEMA_VERSION`]; `stamped` is false for one made before [`APPLICATION_ID`].
-    Current { stamped: bool },
+    /// Ours, at `version` (at most [`SCHEMA_VERSION`]); `stamped` is false for one made before
+    /// [`APPLICATION_ID`].
+    Current { stamped: bool, version: i64 },
 }
 
 /// Reads, without writing anything, whose database `path` is (see the module docs).
@@ -343,9 +490,10 @@ fn probe(path: &Path) -> Result<Layout, IngestError> {
         (0, 0) if tables.is_empty() => Ok(Layout::Empty),
         // Ours; without the application id it was made by an earlier build (which could stop
         // between creating the tables and setting the version: 0).
-        _ if ours && (version == SCHEMA_VERSION || (app == 0 && version == 0)) => {
+        _ if ours && ((1..=SCHEMA_VERSION).contains(&version) || (app == 0 && version == 0)) => {
             Ok(Layout::Current {
                 stamped: app == APPLICATION_ID,
+                version: version.max(1),
             })
         }
         (APPLICATION_ID, _) => Err(newer()),
@@ -379,19 +527,24 @@ impl Store {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(open_err)?;
                 tx.execute_batch(SCHEMA).map_err(open_err)?;
+                for (_, sql) in MIGRATIONS {
+                    tx.execute_batch(sql).map_err(open_err)?;
+                }
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                     .map_err(open_err)?;
                 tx.pragma_update(None, "application_id", APPLICATION_ID)
                     .map_err(open_err)?;
                 tx.commit().map_err(open_err)?;
             }
-            Layout::Current { stamped: false } => {
-                conn.pragma_update(None, "user_version", SCHEMA_VERSION)
-                    .map_err(open_err)?;
-                conn.pragma_update(None, "application_id", APPLICATION_ID)
-                    .map_err(open_err)?;
+            Layout::Current { stamped, version } => {
+                if !stamped {
+                    conn.pragma_update(None, "user_version", version)
+                        .map_err(open_err)?;
+                    conn.pragma_update(None, "application_id", APPLICATION_ID)
+                        .map_err(open_err)?;
+                }
+                migrate(&mut conn, version).map_err(open_err)?;
             }
-            Layout::Current { stamped: true } => {}
         }
         let keys = load_keys(&conn).map_err(open_err)?;
         let keys: KeyCache = Arc::new(RwLock::new(keys));
@@ -610,7 +763,9 @@ impl Store {
     pub async fn sensors(&self) -> Result<Vec<SensorStats>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare_cached(
-                "SELECT key_id, batches, accepted, dropped, version, transport, last_seen
+                "SELECT key_id, batches, accepted, dropped, version, transport, last_seen,
+                        stdout_non_json, oversize_frames, orphan_responses, unobserved,
+                        tap_dropped_bytes
                  FROM sensors ORDER BY key_id",
             )?;
             let rows = st.query_map([], |r| {
@@ -622,9 +777,130 @@ impl Store {
                     version: r.get(4)?,
                     transport: r.get(5)?,
                     last_seen: r.get(6)?,
+                    health: crate::event::health::Health {
+                        stdout_non_json: counter(r, 7)?,
+                        oversize_frames: counter(r, 8)?,
+                        orphan_responses: counter(r, 9)?,
+                        unobserved: counter(r, 10)?,
+                        tap_dropped_bytes: counter(r, 11)?,
+                    },
                 })
             })?;
             rows.collect()
+        })
+        .await
+    }
+
+    /// `GET /v1/tools`: every definition hash seen per host and tool, with the flags.
+    pub async fn tools(&self, org: Option<String>) -> Result<Vec<ToolView>, StoreError> {
+        self.read(move |c| {
+            type Tool = (String, String, String);
+            let mut tools: BTreeMap<Tool, ToolView> = BTreeMap::new();
+            let mut st = c.prepare_cached(
+                "SELECT org, host, tool, def, MIN(first_seen), MAX(last_seen),
+                        COUNT(DISTINCT sensor)
+                 FROM tool_defs WHERE (?1 IS NULL OR org = ?1)
+                 GROUP BY org, host, tool, def",
+            )?;
+            let mut rows = st.query(params![org])?;
+            while let Some(r) = rows.next()? {
+                let k: Tool = (r.get(0)?, r.get(1)?, r.get(2)?);
+                let seen = ToolDefSeen {
+                    def: r.get(3)?,
+                    first_seen: r.get(4)?,
+                    last_seen: r.get(5)?,
+                    sensors: r.get::<_, i64>(6)?.max(0) as u64,
+                };
+                tools
+                    .entry(k.clone())
+                    .or_insert_with(|| ToolView {
+                        org: k.0,
+                        host: k.1,
+                        tool: k.2,
+                        defs: Vec::new(),
+                        changed: false,
+                        inconsistent: false,
+                    })
+                    .defs
+                    .push(seen);
+            }
+            // Changed: one sensor saw two hashes. Inconsistent: two sensors, two hashes, one hour.
+            let mut st = c.prepare_cached(
+                "SELECT org, host, tool, COUNT(DISTINCT def) > 1 FROM tool_defs
+                 WHERE (?1 IS NULL OR org = ?1) GROUP BY org, host, tool, sensor",
+            )?;
+            let mut rows = st.query(params![org])?;
+            while let Some(r) = rows.next()? {
+                let k: Tool = (r.get(0)?, r.get(1)?, r.get(2)?);
+                if r.get::<_, bool>(3)? {
+                    if let Some(t) = tools.get_mut(&k) {
+                        t.changed = true;
+                    }
+                }
+            }
+            let mut st = c.prepare_cached(
+                "SELECT DISTINCT a.org, a.host, a.tool FROM tool_defs a JOIN tool_defs b
+                   ON a.org = b.org AND a.host = b.host AND a.tool = b.tool AND a.hour = b.hour
+                  AND a.sensor <> b.sensor AND a.def <> b.def
+                 WHERE (?1 IS NULL OR a.org = ?1)",
+            )?;
+            let mut rows = st.query(params![org])?;
+            while let Some(r) = rows.next()? {
+                let k: Tool = (r.get(0)?, r.get(1)?, r.get(2)?);
+                if let Some(t) = tools.get_mut(&k) {
+                    t.inconsistent = true;
+                }
+            }
+            let mut out: Vec<ToolView> = tools.into_values().collect();
+            for t in &mut out {
+                t.defs
+                    .sort_by(|a, b| a.first_seen.cmp(&b.first_seen).then(a.def.cmp(&b.def)));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Error groups (most frequent first) and the largest catalog per host (largest first).
+    pub async fn evidence_rollups(
+        &self,
+        org: Option<String>,
+    ) -> Result<(Vec<ErrorGroup>, Vec<CatalogView>), StoreError> {
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT org, fp, tool, kind, code, count, first_seen, last_seen FROM error_groups
+                 WHERE (?1 IS NULL OR org = ?1) ORDER BY count DESC, fp LIMIT ?2",
+            )?;
+            let groups = st
+                .query_map(params![org, MAX_ROLLUP_EVIDENCE], |r| {
+                    Ok(ErrorGroup {
+                        org: r.get(0)?,
+                        fp: r.get(1)?,
+                        tool: r.get(2)?,
+                        kind: r.get(3)?,
+                        code: r.get(4)?,
+                        count: counter(r, 5)?,
+                        first_seen: r.get(6)?,
+                        last_seen: r.get(7)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut st = c.prepare_cached(
+                "SELECT org, host, tools, bytes, last_seen FROM catalogs
+                 WHERE (?1 IS NULL OR org = ?1) ORDER BY bytes DESC, host LIMIT ?2",
+            )?;
+            let catalogs = st
+                .query_map(params![org, MAX_ROLLUP_EVIDENCE], |r| {
+                    Ok(CatalogView {
+                        org: r.get(0)?,
+                        host: r.get(1)?,
+                        tools: r.get::<_, Option<i64>>(2)?.map(|t| t.max(0) as u64),
+                        bytes: counter(r, 3)?,
+                        last_seen: r.get(4)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((groups, catalogs))
         })
         .await
     }
@@ -841,7 +1117,7 @@ fn apply_batch(c: &Connection, b: &BatchWrite) -> Result<BatchOutcome, rusqlite:
     )?;
     let mut accepted = 0u64;
     for row in &b.rows {
-        accepted += insert.execute(params![
+        let new = insert.execute(params![
             row.id,
             b.org,
             b.key_id,
@@ -851,20 +1127,31 @@ fn apply_batch(c: &Connection, b: &BatchWrite) -> Result<BatchOutcome, rusqlite:
             b.received_at,
             row.body
         ])? as u64;
+        if new > 0 {
+            apply_evidence(c, b, row)?;
+        }
+        accepted += new;
     }
     let duplicates = b.rows.len() as u64 - accepted;
     // Every counter saturates at i64::MAX: SQLite would turn an overflowing `+` into a REAL,
     // which no later read as an integer accepts (issue 14: two batches reporting u64::MAX
     // `dropped` broke `GET /v1/admin/sensors` for good).
     c.prepare_cached(
-        "INSERT INTO sensors (key_id, batches, accepted, dropped, version, transport, last_seen)
-         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6)
+        "INSERT INTO sensors (key_id, batches, accepted, dropped, version, transport, last_seen,
+                              stdout_non_json, oversize_frames, orphan_responses, unobserved,
+                              tap_dropped_bytes)
+         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
          ON CONFLICT(key_id) DO UPDATE SET
             batches = CASE WHEN batches > 9223372036854775807 - 1 THEN 9223372036854775807 ELSE batches + 1 END,
             accepted = CASE WHEN accepted > 9223372036854775807 - ?2 THEN 9223372036854775807 ELSE accepted + ?2 END,
             dropped = CASE WHEN dropped > 9223372036854775807 - ?3 THEN 9223372036854775807 ELSE dropped + ?3 END,
             version = coalesce(?4, version), transport = coalesce(?5, transport),
-            last_seen = ?6",
+            last_seen = ?6,
+            stdout_non_json = CASE WHEN stdout_non_json > 9223372036854775807 - ?7 THEN 9223372036854775807 ELSE stdout_non_json + ?7 END,
+            oversize_frames = CASE WHEN oversize_frames > 9223372036854775807 - ?8 THEN 9223372036854775807 ELSE oversize_frames + ?8 END,
+            orphan_responses = CASE WHEN orphan_responses > 9223372036854775807 - ?9 THEN 9223372036854775807 ELSE orphan_responses + ?9 END,
+            unobserved = CASE WHEN unobserved > 9223372036854775807 - ?10 THEN 9223372036854775807 ELSE unobserved + ?10 END,
+            tap_dropped_bytes = CASE WHEN tap_dropped_bytes > 9223372036854775807 - ?11 THEN 9223372036854775807 ELSE tap_dropped_bytes + ?11 END",
     )?
     .execute(params![
         b.key_id,
@@ -872,12 +1159,56 @@ fn apply_batch(c: &Connection, b: &BatchWrite) -> Result<BatchOutcome, rusqlite:
         i64::try_from(b.dropped).unwrap_or(i64::MAX),
         b.sensor_version,
         b.sensor_transport,
-        b.received_at
+        b.received_at,
+        i64::try_from(b.health.stdout_non_json).unwrap_or(i64::MAX),
+        i64::try_from(b.health.oversize_frames).unwrap_or(i64::MAX),
+        i64::try_from(b.health.orphan_responses).unwrap_or(i64::MAX),
+        i64::try_from(b.health.unobserved).unwrap_or(i64::MAX),
+        i64::try_from(b.health.tap_dropped_bytes).unwrap_or(i64::MAX),
     ])?;
     Ok(BatchOutcome::Stored {
         accepted,
         duplicates,
     })
+}
+
+/// The aggregates of one newly stored event (see [`MIGRATION_2_EVIDENCE`]).
+fn apply_evidence(c: &Connection, b: &BatchWrite, row: &EventRow) -> Result<(), rusqlite::Error> {
+    let e = &row.evidence;
+    let hour = e.seen.get(..13).unwrap_or(&e.seen);
+    for def in &e.tool_defs {
+        c.prepare_cached(
+            "INSERT INTO tool_defs (org, host, tool, def, sensor, hour, first_seen, last_seen)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)
+             ON CONFLICT DO UPDATE SET first_seen = min(first_seen, ?7),
+                                       last_seen = max(last_seen, ?7)",
+        )?
+        .execute(params![
+            b.org, e.host, row.action, def, b.key_id, hour, e.seen
+        ])?;
+    }
+    if let Some((fp, kind, code)) = &e.error {
+        c.prepare_cached(
+            "INSERT INTO error_groups (org, fp, tool, kind, code, count, first_seen, last_seen)
+             VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?6)
+             ON CONFLICT DO UPDATE SET
+                count = CASE WHEN count >= 9223372036854775807 THEN count ELSE count + 1 END,
+                first_seen = min(first_seen, ?6), last_seen = max(last_seen, ?6)",
+        )?
+        .execute(params![b.org, fp, row.action, kind, code, e.seen])?;
+    }
+    if let Some((tools, bytes)) = e.catalog {
+        let tools = tools.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        c.prepare_cached(
+            "INSERT INTO catalogs (org, host, tools, bytes, last_seen) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT DO UPDATE SET
+                tools = CASE WHEN ?4 >= bytes THEN ?3 ELSE tools END,
+                bytes = max(bytes, ?4), last_seen = max(last_seen, ?5)",
+        )?
+        .execute(params![b.org, e.host, tools, bytes, e.seen])?;
+    }
+    Ok(())
 }
 
 fn apply_mint(c: &Connection, k: KeyRecord) -> Result<KeyRecord, rusqlite::Error> {
@@ -914,6 +1245,7 @@ mod tests {
             received_at: "2026-11-30T19:00:00.000Z".into(),
             rows: Vec::new(),
             dropped,
+            health: Default::default(),
             sensor_version: None,
             sensor_transport: None,
         }
@@ -990,7 +1322,13 @@ mod tests {
         assert_eq!(probe_after_create(&db), Layout::Empty);
         open_and_close(&db);
         assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
-        assert_eq!(probe(&db).expect("ours"), Layout::Current { stamped: true });
+        assert_eq!(
+            probe(&db).expect("ours"),
+            Layout::Current {
+                stamped: true,
+                version: SCHEMA_VERSION
+            }
+        );
     }
 
     /// Opens the store on `db` (which adopts or sets it up) and closes it cleanly.
@@ -1006,8 +1344,7 @@ mod tests {
     fn unstamped(db: &Path) -> Connection {
         let c = Connection::open(db).expect("open");
         c.execute_batch(SCHEMA).expect("schema");
-        c.pragma_update(None, "user_version", SCHEMA_VERSION)
-            .expect("version");
+        c.pragma_update(None, "user_version", 1).expect("version");
         c
     }
 
@@ -1018,8 +1355,55 @@ mod tests {
         drop(unstamped(&db));
         assert_eq!(
             probe(&db).expect("ours"),
-            Layout::Current { stamped: false }
+            Layout::Current {
+                stamped: false,
+                version: 1
+            }
         );
+        open_and_close(&db);
+        assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
+    }
+
+    /// A version-1 database (with a sensor row) is migrated on open: the new tables and
+    /// columns exist, the old rows stay, and the version is stamped; opening again is a no-op.
+    #[test]
+    fn a_version_1_database_is_migrated_in_place() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("x.db");
+        let c = unstamped(&db);
+        c.pragma_update(None, "application_id", APPLICATION_ID)
+            .expect("app id");
+        c.execute(
+            "INSERT INTO sensors (key_id, batches, accepted, dropped) VALUES ('k_1', 3, 30, 1)",
+            [],
+        )
+        .expect("a v1 row");
+        drop(c);
+        assert_eq!(
+            probe(&db).expect("ours"),
+            Layout::Current {
+                stamped: true,
+                version: 1
+            }
+        );
+        open_and_close(&db);
+        assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
+        let c = Connection::open(&db).expect("open");
+        let row: (i64, i64) = c
+            .query_row(
+                "SELECT accepted, stdout_non_json FROM sensors WHERE key_id = 'k_1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("the old row, with the new column");
+        assert_eq!(row, (30, 0));
+        for t in ["tool_defs", "error_groups", "catalogs"] {
+            c.query_row(&format!("SELECT COUNT(*) FROM {t}"), [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .expect(t);
+        }
+        drop(c);
         open_and_close(&db);
         assert_eq!(app_and_version(&db), (APPLICATION_ID, SCHEMA_VERSION));
     }

@@ -9,6 +9,10 @@
 //! value in an event except allow-listed scalar arguments, and never make an event for a call
 //! whose answer may have been dropped on the way to the observer (DESIGN §2 invariant 10): that
 //! call is counted as unobserved instead.
+//!
+//! It also builds the `drift` events ([`Observer::emit_drift`]): a tool's name and definition
+//! hashes, never its description; and gives every error its fingerprint (`err.fp`, see
+//! [`super::fingerprint`]).
 
 use std::time::{Instant, SystemTime};
 
@@ -17,9 +21,12 @@ use serde_json::Value;
 use crate::event::call::{CallFacts, TraceContext, MAX_REQUEST_ID};
 use crate::event::filter::REDACTED;
 use crate::event::privacy::{Capture, MAX_FIELDS};
+use crate::event::EventClass;
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
 };
+
+use super::catalog::Drift;
 
 use super::correlate::{ActionState, CallExtra, Key};
 use super::observer::Observer;
@@ -182,6 +189,7 @@ impl<S: EventSink> Observer<S> {
                     .or_else(|| i.protocol_requested.clone())
             }),
             client: info.and_then(|i| i.client.clone()),
+            catalog: self.catalog.size(),
         })
     }
 
@@ -233,7 +241,7 @@ impl<S: EventSink> Observer<S> {
         end: Instant,
         answered: Option<&Key>,
     ) {
-        let Some(a) = self.actions.remove(&aid) else {
+        let Some(mut a) = self.actions.remove(&aid) else {
             return;
         };
         if let ActionState::InFlight(key) = &a.state {
@@ -256,6 +264,15 @@ impl<S: EventSink> Observer<S> {
         let mut path_template = String::with_capacity(1 + a.tool.len());
         path_template.push('/');
         path_template.push_str(&a.tool);
+        let err = outcome.err().map(|mut e| {
+            // An error with no text to read (a timeout, a transport failure) is fingerprinted
+            // over its empty shape: grouped by tool, kind and code.
+            e.fp = a
+                .err_fp
+                .take()
+                .or_else(|| Some(super::fingerprint::error_fp(&a.tool, e.kind, e.code, "")));
+            e
+        });
         let event = Event {
             v: crate::event::EVENT_SCHEMA_VERSION,
             id: new_event_id(),
@@ -266,6 +283,11 @@ impl<S: EventSink> Observer<S> {
                 action: a.tool,
                 registry_version: a.registry_version.map(|v| v.to_string()),
                 fields: a.fields.map(|f| f.into_vec().into_iter().collect()),
+                tool_def: a.facts.tool_def,
+                listed: a.facts.listed,
+                hints: a.facts.hints,
+                change: None,
+                prev_tool_def: None,
             },
             dest: Dest {
                 host,
@@ -285,7 +307,7 @@ impl<S: EventSink> Observer<S> {
                 resp: a.bytes_resp,
             },
             session,
-            err: outcome.err(),
+            err,
         };
         self.stats.events += 1;
         if self.sink.wants_call_facts() {
@@ -309,5 +331,54 @@ impl<S: EventSink> Observer<S> {
         } else {
             self.sink.emit(event);
         }
+    }
+    /// One `drift` event: a listed tool added, removed or redefined since the previous complete
+    /// list, seen at `seen` in `scope`. Never carries a description or schema: names and hashes.
+    pub(super) fn emit_drift(&mut self, scope: StreamId, seen: Instant, d: Drift) {
+        let Some((tool, _)) = tool_name(&d.name) else {
+            return;
+        };
+        let mut path_template = String::with_capacity(1 + tool.len());
+        path_template.push('/');
+        path_template.push_str(&tool);
+        let event = Event {
+            v: crate::event::EVENT_SCHEMA_VERSION,
+            id: new_event_id(),
+            ts: rfc3339_ms(wall_clock(seen)),
+            class: EventClass::Drift,
+            rec: Rec {
+                rail: "mcp".into(),
+                action: tool,
+                registry_version: self.registry_version.as_ref().map(|v| v.to_string()),
+                fields: None,
+                tool_def: d.tool_def,
+                listed: None,
+                hints: Vec::new(),
+                change: Some(d.change),
+                prev_tool_def: d.prev_tool_def,
+            },
+            dest: Dest {
+                host: self.host.clone(),
+                path_template,
+                method: "POST".into(),
+            },
+            actor: Actor {
+                id: self.actor.clone(),
+                kind: "agent".into(),
+                grade: "attested".into(),
+            },
+            on_behalf_of: self
+                .cfg
+                .on_behalf_of
+                .as_deref()
+                .and_then(|s| clean(s, MAX_INFO_LEN)),
+            status: 200,
+            dur_ms: 0.0,
+            bytes: ByteSizes { req: 0, resp: 0 },
+            session: self.session_for(scope),
+            err: None,
+        };
+        self.stats.events += 1;
+        self.sink.emit(event);
     }
 }

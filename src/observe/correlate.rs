@@ -263,6 +263,10 @@ pub struct Action {
     pub bytes_resp: u64,
     pub rounds: u32,
     pub state: ActionState,
+    /// What the latest list says of the tool (`toolDef`, `listed`, `hints`).
+    pub facts: super::catalog::CallFacts,
+    /// `err.fp` of an answered error, computed when the answer is read (its text is not kept).
+    pub err_fp: Option<String>,
     /// What only a sink that wants call facts needs (OTLP): `None` for any other sink.
     pub extra: Option<Box<CallExtra>>,
 }
@@ -462,7 +466,8 @@ impl<S: EventSink> Observer<S> {
         len: u64,
     ) -> Option<u64> {
         let params = p.params.ok()?;
-        let (tool, redacted) = tool_name(lenient_str(&params.name)?)?;
+        let raw_name = lenient_str(&params.name)?;
+        let (tool, redacted) = tool_name(raw_name)?;
         let meta = params.meta.ok();
         let echoed_state = lenient_str(&params.request_state)
             .or_else(|| meta.and_then(|m| lenient_str(&m.request_state)));
@@ -503,6 +508,8 @@ impl<S: EventSink> Observer<S> {
             bytes_resp: 0,
             rounds: 1,
             state: ActionState::InFlight(key.clone()),
+            facts: self.catalog.call_facts(raw_name),
+            err_fp: None,
             extra: self
                 .sink
                 .wants_call_facts()
@@ -609,9 +616,10 @@ impl<S: EventSink> Observer<S> {
         };
         match pending.kind {
             PendingKind::ToolCall(aid) => self.on_tool_response(aid, seen, p, size.len, &key),
-            PendingKind::ToolsList { .. } if size.partial => {
+            PendingKind::ToolsList { first_page } if size.partial => {
                 // Only part of the catalog was seen: no version is better than a wrong one.
                 self.catalog.invalidate();
+                self.catalog.on_partial_page(size.len, first_page);
                 self.catalog_changed(seen);
                 if !self.warned.partial_catalog {
                     self.warned.partial_catalog = true;
@@ -627,6 +635,9 @@ impl<S: EventSink> Observer<S> {
                     self.catalog.on_list_response(msg, first_page);
                     if self.catalog.version() != self.registry_version.as_deref() {
                         self.catalog_changed(seen);
+                    }
+                    for d in self.catalog.take_drift() {
+                        self.emit_drift(scope, seen, d);
                     }
                 }
             }
@@ -668,6 +679,7 @@ impl<S: EventSink> Observer<S> {
             .filter(|a| a.started >= seen && a.rounds == 1)
         {
             a.registry_version = v.clone();
+            a.facts = self.catalog.call_facts(&a.tool);
         }
     }
 
@@ -685,7 +697,24 @@ impl<S: EventSink> Observer<S> {
         };
         a.bytes_resp += len;
         let outcome = match Answer::of(p) {
-            Answer::Final(outcome) => outcome,
+            Answer::Final(outcome) => {
+                // The error's text is read here, shaped and hashed, and dropped at once.
+                let text = match outcome {
+                    Outcome::JsonRpc(_) => p
+                        .error
+                        .ok()
+                        .and_then(|e| lenient_str(&e.message))
+                        .map(str::to_owned),
+                    Outcome::ToolError => p.result.ok().and_then(|r| r.content.first_text()),
+                    _ => None,
+                };
+                if let (Some(text), Some(err)) = (text, outcome.err()) {
+                    a.err_fp = Some(super::fingerprint::error_fp(
+                        &a.tool, err.kind, err.code, &text,
+                    ));
+                }
+                outcome
+            }
             Answer::InputRequired { request_state } => {
                 a.state = ActionState::AwaitingInput {
                     state: request_state.map(state_digest),

@@ -209,6 +209,7 @@ pub async fn run<S: EventSink>(
             _ = tick.tick() => {
                 w.account_drops();
                 w.observer.on_tick(Instant::now());
+                w.observer.sync_health(w.stats.dropped_bytes.load(Ordering::Relaxed));
             }
         }
         // Drain what queued meanwhile, then pause briefly without waiting on the channel:
@@ -230,6 +231,8 @@ pub async fn run<S: EventSink>(
     for ex in open {
         w.finish_exchange(ex, now, EndCause::SessionEnd);
     }
+    w.observer
+        .sync_health(w.stats.dropped_bytes.load(Ordering::Relaxed));
     (w.observer, w.totals)
 }
 

@@ -15,7 +15,8 @@
 //! reads the few fields needed with borrowed types, `observer.rs` ([`Observer`]) takes each
 //! message in and counts what it cannot read, [`correlate`] matches responses to requests by
 //! (scope, direction, id) and keeps the actions, [`outcome`] maps how an action ended to status,
-//! class and `err`, `assemble.rs` builds the event, [`catalog`] fingerprints `tools/list`;
+//! class and `err`, `assemble.rs` builds the event, [`catalog`] fingerprints `tools/list` (and each
+//! listed tool, for `toolDef`, `hints` and `drift`), [`fingerprint`] the shape of an error's text;
 //! `stdio.rs` ([`run_tap_observer`]) drives it all from the stdio tap, with its reorder window
 //! and its pacing, and [`http`] from the HTTP hand-off.
 //!
@@ -29,6 +30,7 @@
 
 pub mod catalog;
 pub mod correlate;
+pub mod fingerprint;
 pub mod frame;
 pub mod http;
 pub mod outcome;
@@ -101,6 +103,8 @@ pub struct ObserverStats {
     pub events: u64,
     /// Frames (or batch elements) that are not JSON.
     pub non_json: u64,
+    /// Of those, the ones the server sent (stdio: lines on its stdout): `sensor.health`.
+    pub stdout_non_json: u64,
     /// JSON, but not a JSON-RPC message of the expected shape (wrong field types, not an object).
     pub malformed: u64,
     /// Frames that could not be parsed (over the frame cap, or too large and not summarisable):

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::event::call::{SessionFacts, TraceContext};
+use crate::event::health::Health;
 use crate::event::privacy::CapturePolicy;
 use crate::event::{EventSink, SharedStr};
 use crate::tap::Direction;
@@ -114,6 +115,10 @@ pub struct Observer<S: EventSink> {
     /// While [`Observer::on_request_body`] runs: the ids of the `tools/call` requests it starts.
     pub(super) started_calls: Option<Vec<RpcId>>,
     pub(super) warned: Warned,
+    /// Bytes the driver's hand-off (stdio tap, HTTP channel) dropped so far, as it last said.
+    tap_dropped_bytes: u64,
+    /// The `sensor.health` totals already added to the sink's counters.
+    health_sent: Health,
     /// `serverInfo.version`, for a sink that wants call facts.
     pub(super) server_version: Option<SharedStr>,
     /// HTTP: the `traceparent` header of the request body being observed (calls in it whose
@@ -156,6 +161,37 @@ impl<S: EventSink> Observer<S> {
             server_version: None,
             header_trace: None,
             created: Instant::now(),
+            tap_dropped_bytes: 0,
+            health_sent: Health::default(),
+        }
+    }
+
+    /// Adds what went wrong since the last call to the sink's `sensor.health` counters (see
+    /// [`crate::event::health`]). `tap_dropped_bytes`: the hand-off's total of dropped bytes.
+    /// The drivers call it about once a [`super::TICK`] and at the end; it costs a few
+    /// subtractions.
+    pub fn sync_health(&mut self, tap_dropped_bytes: u64) {
+        self.tap_dropped_bytes = self.tap_dropped_bytes.max(tap_dropped_bytes);
+        let now = Health {
+            stdout_non_json: self.stats.stdout_non_json,
+            oversize_frames: self.stats.oversize,
+            orphan_responses: self.stats.orphan_responses,
+            unobserved: self.stats.unobserved,
+            tap_dropped_bytes: self.tap_dropped_bytes,
+        };
+        let sent = self.health_sent;
+        let delta = Health {
+            stdout_non_json: now.stdout_non_json.saturating_sub(sent.stdout_non_json),
+            oversize_frames: now.oversize_frames.saturating_sub(sent.oversize_frames),
+            orphan_responses: now.orphan_responses.saturating_sub(sent.orphan_responses),
+            unobserved: now.unobserved.saturating_sub(sent.unobserved),
+            tap_dropped_bytes: now.tap_dropped_bytes.saturating_sub(sent.tap_dropped_bytes),
+        };
+        if delta != Health::default() {
+            if let Some(h) = self.sink.health() {
+                h.add(delta);
+            }
+            self.health_sent = now;
         }
     }
 
@@ -189,7 +225,7 @@ impl<S: EventSink> Observer<S> {
                         self.on_message(stream, dir, seen, &frame[r], size);
                     }
                 }
-                None => self.count_non_json(),
+                None => self.count_non_json(dir),
             }
         } else {
             self.on_message(stream, dir, seen, frame, Size::whole(frame.len()));
@@ -429,6 +465,7 @@ impl<S: EventSink> Observer<S> {
                 transport_failed: cause == EndCause::Transport,
             });
         }
+        self.sync_health(self.tap_dropped_bytes);
         (self.stats, self.sink)
     }
 
@@ -458,7 +495,7 @@ impl<S: EventSink> Observer<S> {
     ) {
         let p = match peek(msg) {
             Ok(p) => p,
-            Err(PeekError::NotJson) => return self.count_non_json(),
+            Err(PeekError::NotJson) => return self.count_non_json(dir),
             Err(PeekError::NotObject) => return self.count_malformed(),
         };
         match (&p.method, &p.id) {
@@ -478,8 +515,11 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
-    pub(super) fn count_non_json(&mut self) {
+    pub(super) fn count_non_json(&mut self, dir: Direction) {
         self.stats.non_json += 1;
+        if dir == Direction::ServerToClient {
+            self.stats.stdout_non_json += 1;
+        }
         if !self.warned.non_json {
             self.warned.non_json = true;
             tracing::warn!("A frame is not JSON: relayed unchanged, not observed");

@@ -79,7 +79,11 @@ impl Outcome {
             Outcome::Cancelled => (ErrKind::Cancelled, None),
             Outcome::Transport | Outcome::HttpStatus(_) => (ErrKind::Transport, None),
         };
-        Some(EventErr { kind, code })
+        Some(EventErr {
+            kind,
+            code,
+            fp: None,
+        })
     }
 }
 
@@ -152,7 +156,8 @@ mod tests {
             Outcome::JsonRpc(Some(-32601)).err(),
             Some(EventErr {
                 kind: ErrKind::Jsonrpc,
-                code: Some(-32601)
+                code: Some(-32601),
+                fp: None,
             })
         );
     }

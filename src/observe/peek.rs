@@ -608,6 +608,10 @@ pub struct ResultPeek<'a> {
     pub meta: Lenient<ResultMeta<'a>>,
     /// `tools/list`: a further page exists.
     pub next_cursor: Lenient<Cow<'a, str>>,
+    /// `tools/call`: the content, unparsed (skipped over as cheaply as an ignored value), read
+    /// only when the result is an error (its first text is fingerprinted, see
+    /// `super::fingerprint`).
+    pub content: RawContent<'a>,
 }
 keep_last!(impl<'a> ResultPeek<'a> {
     "isError" => is_error,
@@ -617,16 +621,52 @@ keep_last!(impl<'a> ResultPeek<'a> {
     "protocolVersion" => protocol_version,
     "_meta" => meta,
     "nextCursor" => next_cursor,
+    "content" => content,
 });
 lenient_struct!(ResultPeek, boxed);
 
-/// `error`, the field the observer reads.
+/// A JSON value kept as its text, borrowed from the message (`None`: absent, or not borrowable).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawContent<'a>(pub Option<&'a serde_json::value::RawValue>);
+
+impl PartialEq for RawContent<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.map(|r| r.get()) == other.0.map(|r| r.get())
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawContent<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'a serde_json::value::RawValue>::deserialize(d).map(|r| RawContent(Some(r)))
+    }
+}
+
+impl RawContent<'_> {
+    /// The `text` of the first `{"type":"text"}` item of a content array, if any.
+    pub fn first_text(&self) -> Option<String> {
+        #[derive(Deserialize)]
+        struct Item<'b> {
+            #[serde(rename = "type", borrow)]
+            kind: Option<Cow<'b, str>>,
+            #[serde(borrow)]
+            text: Option<Cow<'b, str>>,
+        }
+        let items: Vec<Item<'_>> = serde_json::from_str(self.0?.get()).ok()?;
+        items
+            .into_iter()
+            .find(|i| i.kind.as_deref() == Some("text"))
+            .and_then(|i| i.text.map(Cow::into_owned))
+    }
+}
+
+/// `error`, the fields the observer reads.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ErrorPeek<'a> {
     pub code: Lenient<i64>,
-    _borrow: std::marker::PhantomData<&'a ()>,
+    /// Read only to fingerprint its shape (`super::fingerprint`); never kept, never sent.
+    pub message: Lenient<Cow<'a, str>>,
 }
-keep_last!(impl<'a> ErrorPeek<'a> { "code" => code });
+keep_last!(impl<'a> ErrorPeek<'a> { "code" => code, "message" => message });
 lenient_struct!(ErrorPeek);
 
 /// One JSON-RPC message, as far as the observer cares.

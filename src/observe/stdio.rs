@@ -479,6 +479,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
         let now = Instant::now();
         if now >= next_tick {
             observer.on_tick(now);
+            observer.sync_health(rx.dropped_bytes());
             next_tick = now + TICK;
         }
         release_paced(&mut reorder, &mut observer, false, &rx, &[0, 0], &mut pace).await;
@@ -504,5 +505,6 @@ pub async fn run_tap_observer_with<S: EventSink>(
         // one of them is unobserved rather than a 504 or 502 the client never saw.
         observer.on_gap(Direction::ServerToClient, Instant::now());
     }
+    observer.sync_health(rx.dropped_bytes());
     observer
 }

@@ -93,6 +93,11 @@ impl<S: EventSink> EventSink for WithOtlp<S> {
         self.otlp.is_some() || self.inner.wants_call_facts()
     }
 
+    /// `sensor.health` belongs to the batches: the inner sink's counters.
+    fn health(&self) -> Option<&crate::event::health::HealthCounters> {
+        self.inner.health()
+    }
+
     fn emit_call(&mut self, event: Event, facts: CallFacts) {
         match &self.otlp {
             Some(q) => {
@@ -242,5 +247,46 @@ impl OtlpHandle {
             metric_exports: s.metric_exports.load(Relaxed),
             metric_failures: s.metric_failures.load(Relaxed),
         }
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    /// The observer adds `sensor.health` through whatever sink it holds: wrapped for OTLP, the
+    /// counts must still reach the reporter's queue, which puts them in its batches.
+    #[test]
+    fn the_wrapped_queue_keeps_its_health_counters() {
+        let cfg = crate::report::ReportConfig {
+            target: crate::config::IngestTarget::Off,
+            token: None,
+            flush: std::time::Duration::from_millis(50),
+            shutdown_flush: std::time::Duration::from_millis(50),
+            transport: "stdio",
+            debug: false,
+            ingest_ca: Vec::new(),
+            pacer: None,
+        };
+        // Outside a runtime nothing is started; the queue and its counters exist all the same.
+        let (queue, _handle) = crate::report::start(cfg);
+        let wrapped = WithOtlp {
+            inner: queue,
+            otlp: None,
+        };
+        let h = wrapped.health().expect("the queue's counters");
+        h.add(crate::event::health::Health {
+            stdout_non_json: 2,
+            ..Default::default()
+        });
+        assert_eq!(
+            wrapped.inner.health().map(|h| h.take().stdout_non_json),
+            Some(2)
+        );
+        let plain = WithOtlp {
+            inner: Vec::<Event>::new(),
+            otlp: None,
+        };
+        assert!(plain.health().is_none());
     }
 }

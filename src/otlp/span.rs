@@ -341,11 +341,13 @@ mod tests {
         ev.err = Some(crate::event::EventErr {
             kind: ErrKind::Jsonrpc,
             code: Some(-32601),
+            fp: None,
         });
         assert_eq!(error_type(&ev).as_deref(), Some("-32601"));
         ev.err = Some(crate::event::EventErr {
             kind: ErrKind::Tool,
             code: None,
+            fp: None,
         });
         assert_eq!(error_type(&ev).as_deref(), Some("tool_error"));
         let s = sample_span();

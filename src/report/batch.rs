@@ -100,6 +100,10 @@ pub(crate) struct Batcher {
     /// failed batch); carried in the next batch's `dropped` and reset only when a batch is
     /// accepted, so the ingest learns about losses as soon as it is reachable again.
     pub(crate) pending_dropped: u64,
+    /// `sensor.health` counts the observer adds (see [`crate::event::health`]).
+    pub(crate) health: Arc<crate::event::health::HealthCounters>,
+    /// Health counts taken but not yet in a delivered batch: carried like `pending_dropped`.
+    pub(crate) pending_health: crate::event::health::Health,
     /// The pause between batches while the ingest keeps failing: a batch whose delivery failed
     /// for a reason [`is_retriable`] accepts (its one retry included) makes the next wait, from
     /// 1 s doubling per failed batch, with jitter, up to 30 s, and never below the ingest's
@@ -237,6 +241,13 @@ impl Batcher {
                 }
             }
             if self.buf.is_empty() {
+                // Health counts with no event left to travel with go alone, once, if the
+                // ingest is not being waited out (see `flush_inner`).
+                self.pending_health = self.pending_health.plus(self.health.take());
+                let health = self.pending_health != Default::default();
+                if health && !self.deadline_passed() && !self.backing_off() {
+                    self.flush().await;
+                }
                 break;
             }
             if self.deadline_passed() || !self.wait_out_backoff().await {
@@ -303,7 +314,10 @@ impl Batcher {
 
     async fn flush_inner(&mut self) {
         self.take_queue_drops();
-        if self.buf.is_empty() {
+        // Health counts travel with events, and alone when there are none: a server that
+        // corrupts its stdout may never complete a call.
+        self.pending_health = self.pending_health.plus(self.health.take());
+        if self.buf.is_empty() && self.pending_health == Default::default() {
             return;
         }
         let n = self.buf.len() as u64;
@@ -320,6 +334,7 @@ impl Batcher {
         let sensor = SensorInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             transport: self.transport.to_string(),
+            health: Some(self.pending_health),
         };
         let body = match self.buf.take(&sensor, self.pending_dropped) {
             Ok(b) => Bytes::from(b),
@@ -348,6 +363,7 @@ impl Batcher {
                 self.stats.delivered += n;
                 self.stats.batches += 1;
                 self.pending_dropped = 0;
+                self.pending_health = Default::default();
                 self.cooldown.succeeded();
                 self.resume_at = None;
             }
@@ -511,6 +527,16 @@ mod tests {
                 action: text(MAX_TEXT_LEN),
                 registry_version: Some("a".repeat(64)),
                 fields: Some(fields),
+                tool_def: Some("b".repeat(64).into()),
+                listed: Some(false),
+                hints: vec![
+                    crate::event::Hint::ReadOnly,
+                    crate::event::Hint::Destructive,
+                    crate::event::Hint::Idempotent,
+                    crate::event::Hint::OpenWorld,
+                ],
+                change: None,
+                prev_tool_def: Some("c".repeat(64).into()),
             },
             dest: Dest {
                 host: text(MAX_TEXT_LEN).into(),
@@ -533,12 +559,18 @@ mod tests {
                 id: text(MAX_TEXT_LEN).into(),
                 protocol: Some(text(MAX_TEXT_LEN).into()),
                 client: Some(text(MAX_TEXT_LEN).into()),
+                // The longest counts without a Luhn-valid digit run (L4 rejects those).
+                catalog: Some(crate::event::CatalogSize {
+                    tools: Some(9_999_999_999_999_999_999),
+                    bytes: 9_999_999_999_999_999_999,
+                }),
             }),
             err: Some(EventErr {
                 kind: ErrKind::Transport,
                 // As long as an i64's text gets (20 bytes) without a Luhn-valid digit run,
                 // which L4 would reject as a card number.
                 code: Some(-9_017_486_899_579_404_580),
+                fp: Some("d".repeat(64)),
             }),
         }
     }
@@ -577,9 +609,17 @@ mod tests {
             "an event of {size} bytes must not come near the cap"
         );
         let mut body = BatchBody::default();
+        let max = crate::event::health::MAX_HEALTH_COUNT;
         let sensor = SensorInfo {
             version: "0".repeat(64),
             transport: "stdio".into(),
+            health: Some(crate::event::health::Health {
+                stdout_non_json: max,
+                oversize_frames: max,
+                orphan_responses: max,
+                unobserved: max,
+                tap_dropped_bytes: max,
+            }),
         };
         body.push(&kept).expect("encodes");
         let batch = body.take(&sensor, u64::MAX).expect("encodes");
@@ -605,6 +645,8 @@ mod tests {
             pacer: None,
             overflow: None,
             pending_dropped: 0,
+            health: Default::default(),
+            pending_health: Default::default(),
             cooldown: Cooldown::new(tuning.cooldown_min, tuning.cooldown_max),
             resume_at: None,
             stats: ReportStats::default(),

@@ -92,6 +92,8 @@ pub struct EventQueue {
     dropped: Arc<AtomicU64>,
     /// Events the queue took (see [`ReportWatch`]).
     accepted: Arc<AtomicU64>,
+    /// `sensor.health` counts the observer adds and the batcher sends.
+    health: Arc<crate::event::health::HealthCounters>,
 }
 
 impl EventSink for EventQueue {
@@ -105,6 +107,10 @@ impl EventSink for EventQueue {
 
     fn room(&self) -> usize {
         self.tx.capacity()
+    }
+
+    fn health(&self) -> Option<&crate::event::health::HealthCounters> {
+        Some(&self.health)
     }
 }
 
@@ -140,10 +146,12 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
     let accepted = Arc::new(AtomicU64::new(0));
     let (deadline_tx, deadline_rx) = watch::channel(None);
     let published = Arc::new(Mutex::new(ReportStats::default()));
+    let health = Arc::new(crate::event::health::HealthCounters::default());
     let queue = EventQueue {
         tx,
         dropped: queue_dropped.clone(),
         accepted: accepted.clone(),
+        health: health.clone(),
     };
     let mut handle = ReporterHandle {
         task: None,
@@ -192,6 +200,8 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         pacer: cfg.pacer.clone(),
         overflow: None,
         pending_dropped: 0,
+        health,
+        pending_health: Default::default(),
         cooldown: retry::Cooldown::new(tuning.cooldown_min, tuning.cooldown_max),
         resume_at: None,
         stats: ReportStats::default(),

@@ -18,7 +18,10 @@ pub const WHOLE_FRAME_BYTES: usize = 256 * 1024;
 /// Largest JSON object frame parsed whole when its first [`SUMMARY_HEAD`] bytes contain
 /// [`CATALOG_MARK`], as a `tools/list` result does (`{"jsonrpc":"2.0","id":1,"result":{"tools":[`,
 /// or `{"result":{"tools":[` in the TypeScript SDK's order): the catalog fingerprint
-/// (`registryVersion`) needs the whole page. 1 MiB keeps every ordinary catalog whole.
+/// (`registryVersion`) and the tool definition hashes (`toolDef`, drift) need the whole page.
+/// 1 MiB keeps every ordinary catalog whole. A larger page is not hashed at all: the calls after
+/// it carry no `registryVersion`, `toolDef`, `listed` or `hints` until a list is read whole
+/// (see `crate::observe::catalog`).
 pub const CATALOG_FRAME_BYTES: usize = 1024 * 1024;
 
 /// What marks a frame as a possible catalog page. A false positive (a tool result that mentions

@@ -243,6 +243,11 @@ pub fn event(tool: &str) -> Event {
             action: tool.into(),
             registry_version: Some("a1b2c3d4e5f60718".into()),
             fields: Some(fields),
+            tool_def: None,
+            listed: None,
+            hints: Vec::new(),
+            change: None,
+            prev_tool_def: None,
         },
         dest: Dest {
             host: "mcp://payments".into(),
