@@ -260,10 +260,16 @@ struct Sensor {
 
 impl Sensor {
     fn start(base: &str, token: &str, on_behalf_of: &str) -> Sensor {
+        Sensor::around("report_fixture", base, token, on_behalf_of)
+    }
+
+    /// The wrapper around `server`, one of the fixture servers in examples/.
+    fn around(server: &str, base: &str, token: &str, on_behalf_of: &str) -> Sensor {
         let fixture = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
             .parent()
             .expect("target dir")
-            .join("examples/report_fixture");
+            .join("examples")
+            .join(server);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"));
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("BOUNDED_") {
@@ -311,9 +317,15 @@ impl Sensor {
             json!({ "jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params });
         writeln!(self.stdin, "{msg}").expect("write request");
         self.stdin.flush().expect("flush");
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("read response");
-        serde_json::from_str(&line).expect("response is JSON")
+        // Notifications (a server's `list_changed`) may come before the answer.
+        loop {
+            let mut line = String::new();
+            self.stdout.read_line(&mut line).expect("read response");
+            let v: Value = serde_json::from_str(&line).expect("response is JSON");
+            if v.get("id").is_some() {
+                return v;
+            }
+        }
     }
 
     fn call(&mut self, tool: &str) {
@@ -558,6 +570,20 @@ async fn the_live_view_in_a_real_browser() {
     d.screenshot("live").await;
     d.click("#envelope-close").await;
 
+    // Evidence for the tools page, through the real sensor: two failures that differ only in
+    // an id (one fingerprint), then a catalog that changes mid-session (a definition drift).
+    let mut drifting = Sensor::around("drift_server", &base, &key.token, "acme-corp");
+    for n in [1, 2] {
+        let r = drifting.request(
+            "tools/call",
+            json!({ "name": "boom", "arguments": { "n": n } }),
+        );
+        assert!(r.get("error").is_some(), "{r}");
+    }
+    drifting.request("tools/call", json!({ "name": "mutate", "arguments": {} }));
+    drifting.request("tools/list", json!({}));
+    drifting.stop();
+
     // Tools page.
     d.click("#nav-tools").await;
     d.wait_for(
@@ -571,14 +597,25 @@ async fn the_live_view_in_a_real_browser() {
     let tools_text = tools_text.as_str().expect("text");
     assert!(tools_text.contains("issue_refund") && tools_text.contains("p95"));
     assert!(tools_text.contains(XSS_TOOL), "the tool name as text");
-    // A tool without errors has no groups to show, and says so.
+    // A tool without errors has no groups to show, and says so; `boom` failed twice the same
+    // way: one group of two.
     assert!(
         tools_text.contains("Error groups: not reported"),
         "{tools_text}"
     );
-    // The ingest answers `/v1/tools`: no definition was replaced in this session.
+    let boom = d
+        .js("return [...document.querySelectorAll('#tools-list .tool')]\
+             .find(b => b.querySelector('h3').textContent === 'boom').textContent;")
+        .await;
+    let boom = boom.as_str().expect("a box for boom");
+    assert!(
+        boom.contains("Error groups by fingerprint:") && boom.contains(": 2 ×"),
+        "{boom}"
+    );
+    // `/v1/tools` flags the definition the server replaced mid-session.
     d.wait_for(
-        "document.getElementById('drift').textContent === 'No definition changed.'",
+        "[...document.querySelectorAll('#drift li')].some(li => li.textContent.includes('refund') \
+         && li.textContent.includes('changed'))",
         WAIT,
     )
     .await;
