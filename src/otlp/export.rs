@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::CONTENT_TYPE;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::metrics::v1::{ResourceMetrics, ScopeMetrics};
@@ -32,10 +32,6 @@ use crate::report::Tuning;
 /// Most spans in one export request: small requests (tens of KB) that any Collector or hosted
 /// backend takes, sent as soon as they fill.
 pub const MAX_BATCH_SPANS: usize = 512;
-
-/// Most bytes of an answer read (so the connection can be reused); partial-success details
-/// change nothing we do.
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// Totals shared with the handle (readable after the task was abandoned at the deadline).
 #[derive(Debug, Default)]
@@ -414,33 +410,12 @@ impl Exporter {
         for (k, v) in &self.cfg.headers {
             req = req.header(k.clone(), v.clone());
         }
-        let mut resp = req
+        let resp = req
             .body(body)
             .send()
             .await
             .map_err(crate::report::sink::classify)?;
-        let status = resp.status();
-        let retry_after = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let mut read = 0usize;
-        while read < MAX_RESPONSE_BYTES {
-            match resp.chunk().await {
-                Ok(Some(c)) => read += c.len(),
-                Ok(None) | Err(_) => break,
-            }
-        }
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(retry::status_error(
-                status.as_u16(),
-                retry_after.as_deref(),
-                SystemTime::now(),
-            ))
-        }
+        crate::report::sink::outcome(resp).await
     }
 }
 

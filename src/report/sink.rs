@@ -129,7 +129,7 @@ impl HttpSink {
     }
 
     async fn send_once(&self, body: &Bytes) -> Result<(), DeliveryError> {
-        let mut resp = self
+        let resp = self
             .client
             .post(&self.url)
             .header(AUTHORIZATION, self.auth.clone())
@@ -138,31 +138,37 @@ impl HttpSink {
             .send()
             .await
             .map_err(classify)?;
-        let status = resp.status();
-        // Outside input: a header that is not visible ASCII is treated as absent.
-        let retry_after = resp
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        // Read (a bounded amount of) the answer so the connection can be reused; a failure
-        // here does not change the outcome the status already decided.
-        let mut read = 0usize;
-        while read < MAX_RESPONSE_BYTES {
-            match resp.chunk().await {
-                Ok(Some(c)) => read += c.len(),
-                Ok(None) | Err(_) => break,
-            }
+        outcome(resp).await
+    }
+}
+
+/// What a delivery's answer means: success, or the retry classification of its status (with
+/// its `Retry-After`). Shared by every HTTP delivery of ours (the ingest's, OTLP's).
+pub(crate) async fn outcome(mut resp: reqwest::Response) -> Result<(), DeliveryError> {
+    let status = resp.status();
+    // Outside input: a header that is not visible ASCII is treated as absent.
+    let retry_after = resp
+        .headers()
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // Read (a bounded amount of) the answer so the connection can be reused; a failure here
+    // does not change the outcome the status already decided.
+    let mut read = 0usize;
+    while read < MAX_RESPONSE_BYTES {
+        match resp.chunk().await {
+            Ok(Some(c)) => read += c.len(),
+            Ok(None) | Err(_) => break,
         }
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(status_error(
-                status.as_u16(),
-                retry_after.as_deref(),
-                std::time::SystemTime::now(),
-            ))
-        }
+    }
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(status_error(
+            status.as_u16(),
+            retry_after.as_deref(),
+            std::time::SystemTime::now(),
+        ))
     }
 }
 
