@@ -137,6 +137,15 @@ impl<S: EventSink> Observer<S> {
         m
     }
 
+    /// The sensor's own actor: the agent it observes, attested by its key.
+    fn actor(&self) -> Actor {
+        Actor {
+            id: self.actor.clone(),
+            kind: "agent".into(),
+            grade: "attested".into(),
+        }
+    }
+
     /// `onBehalfOf`: the call's `_meta` value, else `--on-behalf-of`, if the envelope can carry it.
     pub(super) fn on_behalf_of(&self, meta: Option<&Meta<'_>>) -> Option<String> {
         meta.and_then(|m| lenient_str(&m.on_behalf_of))
@@ -294,11 +303,7 @@ impl<S: EventSink> Observer<S> {
                 path_template,
                 method: "POST".into(),
             },
-            actor: Actor {
-                id: self.actor.clone(),
-                kind: "agent".into(),
-                grade: "attested".into(),
-            },
+            actor: self.actor(),
             on_behalf_of: a.on_behalf_of,
             status: outcome.status(),
             dur_ms,
@@ -362,11 +367,7 @@ impl<S: EventSink> Observer<S> {
                 path_template,
                 method: "POST".into(),
             },
-            actor: Actor {
-                id: self.actor.clone(),
-                kind: "agent".into(),
-                grade: "attested".into(),
-            },
+            actor: self.actor(),
             on_behalf_of: self
                 .cfg
                 .on_behalf_of
