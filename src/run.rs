@@ -255,8 +255,17 @@ impl StdioObserver {
         let queued = queued_bytes(tap_stats);
         let report = self.shared.report.get();
         let idle = self.shared.progress.idle();
+        // Health counts go out with the last batch, or in one of their own when no event is left
+        // (`sensor.health`): a session that had any must let the reporter send them. Counted
+        // since the start, so a session whose counts already went out waits too, within the
+        // deadline: rare, and cheaper than a second ledger.
+        let s = &idle.stats;
+        let health_to_report = s.non_json + s.oversize + s.orphan_responses + s.unobserved > 0
+            || tap_stats.dropped_bytes[0].load(Relaxed) + tap_stats.dropped_bytes[1].load(Relaxed)
+                > 0;
         // With OTLP on, the exporter's last spans and metrics are always still to send.
         let nothing_left = cfg.otlp.is_none()
+            && !health_to_report
             && (queued == [0, 0]
                 || (idle.settled
                     && idle.taken == queued
