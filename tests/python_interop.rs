@@ -5,11 +5,16 @@
 //! observed proxy must give the client the same messages, in the same order, and every
 //! `tools/call` must become an event in the proxy's `file:` sink.
 //!
-//! Nothing in the messages is normalised: they hold no session id and no timestamp, and
-//! server-everything answers this script the same way every time. Session ids, which do differ,
-//! travel in headers; the transcript keeps only whether one came back. The client's timing is
-//! the SDK's own: it opens its GET stream concurrently with the POST of
-//! `notifications/initialized`, each on a new connection, as it does against any server.
+//! The messages hold no session id and no timestamp, and server-everything answers this script
+//! the same way every time, with one exception. Session ids, which do differ, travel in headers;
+//! the transcript keeps only whether one came back. The client's timing is the SDK's own: it
+//! opens its GET stream concurrently with the POST of `notifications/initialized`, each on a new
+//! connection, as it does against any server. server-everything registers more tools when that
+//! POST arrives and announces them with `notifications/tools/list_changed` on the GET stream if
+//! the stream is already open, so whether a session receives that one notification is a race
+//! inside the SDK and the server, direct as well as proxied (on a loaded machine about one
+//! session in 30 received it; a run compares six sessions). The transcripts are therefore
+//! compared without it, and how often each side received it is checked on its own, below.
 //!
 //! A regression test for the proxy's upstream connections running with Nagle's algorithm: the
 //! proxy forwards a request's head and body as separate writes, so each body waited for the
@@ -25,6 +30,11 @@
 //! sent before it waited for a new one, and reached the upstream second (2 of 3 runs failed).
 //! With a pool per client connection, the proxy connects upstream as the client connects to it,
 //! and 6 of 6 runs (30 proxied sessions) passed.
+//!
+//! Those regressions showed as the extra `list_changed` in most proxied sessions (10 of 13). The
+//! test fails when at least four of its five proxied sessions receive it and the direct session
+//! did not: a proxy that reorders like that is caught in about two runs of three, while the race
+//! alone (a few per cent a session) trips it about once in a hundred thousand runs.
 //!
 //! The venv is built by scripts/test-deps.sh; when it is missing this test fails and says so.
 
@@ -60,6 +70,26 @@ const SCRIPTED_CALLS: [(&str, u64); 4] = [
 
 fn transcript(url: &str) -> Value {
     run_python_client(&["transcript", url], CLIENT_TIMEOUT).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The one message whose presence is a race in the SDK and the server (see the module docs).
+const RACY_NOTIFICATION: &str = "notifications/tools/list_changed";
+/// Proxied sessions out of [`PROXIED_SESSIONS`] that may receive [`RACY_NOTIFICATION`] when the
+/// direct session did not, before the proxy is taken to be reordering the client's requests.
+const MAX_PROXIED_WITH_RACY: usize = 3;
+
+/// The transcript without [`RACY_NOTIFICATION`], and whether it had one.
+fn without_racy(t: &Value) -> (Value, bool) {
+    let mut t = t.clone();
+    let mut had = false;
+    if let Some(messages) = t["messages"].as_array_mut() {
+        messages.retain(|m| {
+            let racy = m["received"]["method"] == RACY_NOTIFICATION;
+            had |= racy;
+            !racy
+        });
+    }
+    (t, had)
 }
 
 /// One line per message, `sent`/`received` and the method or id: what a failure prints first.
@@ -105,14 +135,16 @@ fn python_sdk_transcript_is_identical_through_the_proxy() {
     let sink = format!("file:{}", events.display());
     let (_proxy, port) = start_proxy(&server.url(), &["--ingest", &sink, "--flush-ms", FLUSH_MS]);
 
-    let direct = transcript(&server.url());
+    let (direct, direct_racy) = without_racy(&transcript(&server.url()));
     // The script ran as written: the sum, three progress notifications before the result.
     let text = direct.to_string();
     assert!(text.contains("The sum of 40 and 2 is 42."), "{direct}");
     assert_eq!(direct["progress"], serde_json::json!([1.0, 2.0, 3.0]));
 
+    let mut proxied_racy = 0;
     for session in 0..PROXIED_SESSIONS {
-        let proxied = transcript(&format!("http://127.0.0.1:{port}/mcp"));
+        let (proxied, racy) = without_racy(&transcript(&format!("http://127.0.0.1:{port}/mcp")));
+        proxied_racy += usize::from(racy);
         // The outline first: a reordered or extra message is readable there.
         assert_eq!(
             outline(&direct),
@@ -124,6 +156,12 @@ fn python_sdk_transcript_is_identical_through_the_proxy() {
             "proxied session {session}: the transcript differs from the direct one"
         );
     }
+    assert!(
+        direct_racy || proxied_racy <= MAX_PROXIED_WITH_RACY,
+        "{proxied_racy} of {PROXIED_SESSIONS} proxied sessions received {RACY_NOTIFICATION} and \
+         the direct one did not: the proxy let the client's GET stream reach the server before \
+         its POST of notifications/initialized"
+    );
 
     // Every tools/call of every proxied session is one event, with the status it earned, in
     // the order the client made them.
