@@ -49,6 +49,14 @@ const CONTENT_TYPES: [Option<&str>; 6] = [
     None,
 ];
 const ENCODINGS: [Option<&str>; 3] = [None, Some("identity"), Some("gzip")];
+/// The request's `traceparent` header, as a client may send it: absent, valid, malformed, or
+/// with bytes that are not ASCII (a header value may carry them; the observer must not trust it).
+const TRACEPARENTS: [Option<&[u8]>; 4] = [
+    None,
+    Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    Some(b"00-zz-00f067aa0ba902b7-01"),
+    Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-\xff\xfe-01"),
+];
 const KINDS: [ReqKind; 4] = [ReqKind::Post, ReqKind::Post, ReqKind::Get, ReqKind::Delete];
 const ENDS: [BodyEnd; 4] = [
     BodyEnd::Complete,
@@ -84,6 +92,8 @@ fuzz_target!(|data: &[u8]| {
                     ex,
                     kind: KINDS[usize::from(detail >> 3)],
                     session: session(b),
+                    traceparent: TRACEPARENTS[usize::from(b >> 6)]
+                        .and_then(|v| HeaderValue::from_bytes(v).ok()),
                 }
             }
             1 => {
