@@ -9,7 +9,8 @@
 //! * [`server`]: the HTTP routes and status codes.
 //! * [`admission`]: the per-key limit and the shared batch slots, refusals counted per key.
 //! * [`batch`]: reading a batch body without building it as a tree.
-//! * [`store`]: SQLite (WAL, `synchronous=FULL`, one writer thread with group commit).
+//! * [`store`]: the [`store::Store`] trait every database keeps, and its implementations:
+//!   [`store::sqlite`] (WAL, `synchronous=FULL`, one writer thread with group commit).
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
 //! * [`tls`]: HTTPS (`--tls-cert` / `--tls-key`, rustls with ring).
@@ -19,7 +20,7 @@
 //! is created owner-only (0700) if missing), plus beside it `<db>.signing-key` (the token
 //! signing secret; losing it invalidates every token) and, when no admin secret is given,
 //! `<db>.admin-secret`. Every one of them is created owner-only (0600), the database's `-wal` and
-//! `-shm` too (see [`store`]); the secrets are written whole or not at all (see [`keys`]). At
+//! `-shm` too (see [`store::sqlite`]); the secrets are written whole or not at all (see [`keys`]). At
 //! start, a store, secret or TLS key file readable by group or others gets one warning each
 //! (they are not changed: the operator may have meant it). A database that is not ours, or of a
 //! newer schema, is refused before anything is written to it.
@@ -294,7 +295,7 @@ pub struct RunningIngest {
     admin_secret: String,
     admin_source: AdminSecretSource,
     db_path: PathBuf,
-    store: Arc<store::Store>,
+    store: Arc<dyn store::Store>,
     web: Arc<web::WebState>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -324,7 +325,7 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         }
         // The store first: a database that is not ours is refused before a secret is written
         // beside it.
-        let store = store::Store::open(&db_path)?;
+        let store: Arc<dyn store::Store> = store::SqliteStore::open(&db_path)?;
         let signer = keys::Signer::load_or_create(&db_path)?;
         let (admin, source) = keys::AdminSecret::resolve(admin_in.as_deref(), &db_path)?;
         warn_readable_files(&db_path, &source, tls_files.as_ref());
@@ -460,9 +461,9 @@ fn create_data_dir(dir: &Path) -> std::io::Result<()> {
 fn warn_readable_files(db: &Path, admin: &AdminSecretSource, tls: Option<&TlsFiles>) {
     let mut files: Vec<(PathBuf, &str)> = vec![
         (db.to_path_buf(), "every stored event"),
-        (store::sidecar_path(db, "-wal"), "recent events"),
+        (store::sqlite::sidecar_path(db, "-wal"), "recent events"),
         (
-            store::sidecar_path(db, "-shm"),
+            store::sqlite::sidecar_path(db, "-shm"),
             "the database's shared index",
         ),
         (keys::signing_secret_path(db), "the token signing key"),

@@ -61,7 +61,7 @@ pub const MAX_CONCURRENT_BATCHES: usize = super::DEFAULT_MAX_CONCURRENT_BATCHES;
 const RETRY_AFTER_SECS: &str = "1";
 
 pub(crate) struct AppState {
-    pub store: Arc<Store>,
+    pub store: Arc<dyn Store>,
     pub signer: Signer,
     pub admin: AdminSecret,
     pub limits: Limits,
