@@ -113,10 +113,11 @@ impl PgCluster {
     }
 
     /// A connection URL for `database` over TCP with password authentication, as the ingest
-    /// takes it in `--db`.
+    /// takes it in `--db`. `sslmode=disable`: the test cluster has no certificate, and the
+    /// ingest otherwise insists on TLS.
     pub fn url(&self, database: &str) -> String {
         format!(
-            "postgres://{PG_USER}:{}@127.0.0.1:{}/{database}",
+            "postgres://{PG_USER}:{}@127.0.0.1:{}/{database}?sslmode=disable",
             self.password, self.port
         )
     }

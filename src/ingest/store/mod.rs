@@ -1,6 +1,7 @@
 //! What the ingest stores and the promises every store keeps: the rows the server hands over,
 //! the outcomes it gets back, and the [`Store`] trait the server, the admin API and the live
-//! view call. [`sqlite`] is the embedded store (the default).
+//! view call. [`sqlite`] is the embedded store (the default); [`postgres`] opens and migrates a
+//! PostgreSQL database (not yet a [`Store`]).
 //!
 //! Every implementation keeps these promises, and the server relies on them without knowing
 //! which store runs: an outcome is reported only after the transaction holding it has
@@ -14,6 +15,7 @@ use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+pub mod postgres;
 pub mod sqlite;
 
 pub use sqlite::SqliteStore;
