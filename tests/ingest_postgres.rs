@@ -183,3 +183,248 @@ fn tls_is_required_unless_the_url_disables_it() {
     rt.block_on(postgres::open(&connect(&format!("{base}?sslmode=disable"))))
         .expect("plain when asked");
 }
+
+mod store {
+    //! The [`Store`] over PostgreSQL: the same answers as SQLite for the same batches, one
+    //! transaction per batch, and de-duplication and revocation that hold across replicas.
+
+    use std::sync::Arc;
+
+    use bounded_observe_mcp::event::health::Health;
+    use bounded_observe_mcp::ingest::store::postgres::{PgConnect, PgStore};
+    use bounded_observe_mcp::ingest::store::{
+        BatchOutcome, BatchWrite, EventQuery, EventRow, Evidence, KeyRecord, RevokeOutcome,
+        SqliteStore, Store,
+    };
+
+    use super::{runtime, PgCluster};
+
+    fn key(id: &str) -> KeyRecord {
+        KeyRecord {
+            key_id: id.into(),
+            org: "acme".into(),
+            name: Some("laptop".into()),
+            created_at: "2026-11-30T19:00:00.000Z".into(),
+            revoked_at: None,
+        }
+    }
+
+    fn row(id: &str, tool: &str, n: i64, host: &str) -> EventRow {
+        let body = serde_json::json!({
+            "id": id, "actor": "alice", "action": tool, "class": "action",
+            "rec": { "fields": { "rows": n, "ratio": 0.5 } },
+        });
+        EventRow {
+            id: id.into(),
+            actor: "alice".into(),
+            action: tool.into(),
+            class: "action".into(),
+            body: body.to_string(),
+            evidence: Evidence {
+                host: host.into(),
+                seen: format!("2026-11-30T19:{:02}:00.000Z", n % 60),
+                tool_defs: vec![format!("def-{}", n % 2)],
+                error: (n % 3 == 0).then(|| ("fp1".into(), "tool_error".into(), Some(-32000))),
+                catalog: Some((Some(3), 1000 + n as u64)),
+            },
+        }
+    }
+
+    fn batch(key_id: &str, ids: std::ops::Range<i64>) -> BatchWrite {
+        BatchWrite {
+            key_id: key_id.into(),
+            org: "acme".into(),
+            received_at: "2026-11-30T19:30:00.000Z".into(),
+            rows: ids
+                .map(|n| row(&format!("ev-{n}"), "search", n, "srv"))
+                .collect(),
+            dropped: 2,
+            health: Health {
+                stdout_non_json: 1,
+                ..Default::default()
+            },
+            sensor_version: Some("0.1.0".into()),
+            sensor_transport: Some("stdio".into()),
+        }
+    }
+
+    async fn pg_store(url: &str) -> Arc<PgStore> {
+        PgStore::open(&PgConnect::new(url, &[]).expect("url"))
+            .await
+            .expect("open")
+    }
+
+    fn stored(o: BatchOutcome) -> (u64, u64) {
+        match o {
+            BatchOutcome::Stored {
+                accepted,
+                duplicates,
+            } => (accepted, duplicates),
+            BatchOutcome::KeyRevoked => panic!("refused as revoked"),
+        }
+    }
+
+    #[test]
+    fn postgres_answers_as_sqlite_does_for_the_same_batches() {
+        let pg = PgCluster::start();
+        let url = pg.create_database("parity");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rt = runtime();
+        rt.block_on(async {
+            let stores: [Arc<dyn Store>; 2] = [
+                SqliteStore::open(&dir.path().join("i.db")).expect("sqlite"),
+                pg_store(&url).await,
+            ];
+            let mut answers = Vec::new();
+            for s in &stores {
+                s.mint(key("k_1")).await.expect("mint");
+                assert_eq!(
+                    stored(s.write_batch(batch("k_1", 0..10)).await.expect("b")),
+                    (10, 0)
+                );
+                // A retry of part of it, with new ones and an id repeated inside the batch.
+                let mut again = batch("k_1", 5..15);
+                again.rows.push(row("ev-14", "search", 14, "srv"));
+                assert_eq!(stored(s.write_batch(again).await.expect("b")), (5, 6));
+                let events = s
+                    .events(EventQuery {
+                        limit: 100,
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("events");
+                let after = s.events_after(None, 3).await.expect("after");
+                let since = s
+                    .events_received_since(
+                        "2026-11-30T19:00:00.000Z".into(),
+                        Some("acme".into()),
+                        4,
+                    )
+                    .await
+                    .expect("since");
+                let rollups =
+                    serde_json::to_value(s.rollups(None).await.expect("rollups")).expect("json");
+                let sensors =
+                    serde_json::to_value(s.sensors().await.expect("sensors")).expect("json");
+                let tools =
+                    serde_json::to_value(s.tools(Some("acme".into())).await.expect("tools"))
+                        .expect("json");
+                let evidence = s.evidence_rollups(None).await.expect("evidence");
+                let evidence = serde_json::to_value(&evidence).expect("json");
+                answers.push((
+                    events,
+                    after.into_iter().map(|(_, b)| b).collect::<Vec<_>>(),
+                    since,
+                    rollups,
+                    sensors,
+                    tools,
+                    evidence,
+                ));
+            }
+            let (a, b) = (&answers[0], &answers[1]);
+            assert_eq!(a.0.len(), 15);
+            assert_eq!(a.0, b.0, "events");
+            assert_eq!(a.1, b.1, "events_after");
+            assert_eq!(a.2, b.2, "events_received_since");
+            assert_eq!(a.3, b.3, "rollups");
+            assert_eq!(a.4, b.4, "sensors");
+            assert_eq!(a.5, b.5, "tools");
+            assert_eq!(a.6, b.6, "error groups and catalogs");
+            // The sums are there to compare: 0+1+…+14 rows, 15 × 0.5 ratio.
+            assert_eq!(b.3[0]["sums"]["rows"], 105, "{}", b.3);
+            assert_eq!(b.3[0]["sums"]["ratio"], 7.5, "{}", b.3);
+            for s in &stores {
+                s.close().await;
+            }
+        });
+    }
+
+    #[test]
+    fn a_batch_failing_midway_stores_nothing() {
+        let pg = PgCluster::start();
+        let url = pg.create_database("whole");
+        let rt = runtime();
+        rt.block_on(async {
+            let s = pg_store(&url).await;
+            s.mint(key("k_1")).await.expect("mint");
+            let mut b = batch("k_1", 0..5);
+            // PostgreSQL text cannot hold NUL: the last row's aggregate fails after the events
+            // were inserted.
+            b.rows[4].evidence.host = "bad\0host".into();
+            assert!(s.write_batch(b).await.is_err());
+            assert_eq!(pg.psql("whole", "SELECT count(*) FROM events"), "0");
+            assert_eq!(pg.psql("whole", "SELECT count(*) FROM tool_defs"), "0");
+            assert_eq!(pg.psql("whole", "SELECT count(*) FROM sensors"), "0");
+            // And the same batch, fixed, then goes in whole.
+            assert_eq!(
+                stored(s.write_batch(batch("k_1", 0..5)).await.expect("b")),
+                (5, 0)
+            );
+        });
+    }
+
+    #[test]
+    fn a_batch_retried_on_another_replica_is_stored_once() {
+        let pg = PgCluster::start();
+        let url = pg.create_database("replicas");
+        let rt = runtime();
+        rt.block_on(async {
+            let (a, b) = (pg_store(&url).await, pg_store(&url).await);
+            a.mint(key("k_1")).await.expect("mint");
+            assert_eq!(
+                stored(a.write_batch(batch("k_1", 0..50)).await.expect("a")),
+                (50, 0)
+            );
+            assert_eq!(
+                stored(b.write_batch(batch("k_1", 0..50)).await.expect("b")),
+                (0, 50)
+            );
+            // Both at once, overlapping: every id is stored by exactly one of them.
+            let (x, y) = tokio::join!(
+                a.write_batch(batch("k_1", 40..200)),
+                b.write_batch(batch("k_1", 100..300))
+            );
+            let (x, y) = (stored(x.expect("x")), stored(y.expect("y")));
+            assert_eq!(x.0 + y.0, 250, "{x:?} {y:?}");
+            assert_eq!(pg.psql("replicas", "SELECT count(*) FROM events"), "300");
+        });
+    }
+
+    #[test]
+    fn a_key_revoked_through_one_replica_stores_nothing_through_another() {
+        let pg = PgCluster::start();
+        let url = pg.create_database("revoked");
+        let rt = runtime();
+        rt.block_on(async {
+            let (a, b) = (pg_store(&url).await, pg_store(&url).await);
+            a.mint(key("k_1")).await.expect("mint");
+            assert_eq!(
+                a.revoke("k_1".into(), "2026-11-30T20:00:00.000Z".into())
+                    .await
+                    .expect("revoke"),
+                RevokeOutcome::Revoked
+            );
+            assert_eq!(
+                b.write_batch(batch("k_1", 0..3)).await.expect("b"),
+                BatchOutcome::KeyRevoked
+            );
+            assert_eq!(
+                b.revoke("k_1".into(), "2026-11-30T20:01:00.000Z".into())
+                    .await
+                    .expect("again"),
+                RevokeOutcome::AlreadyRevoked
+            );
+            assert_eq!(
+                b.revoke("k_nope".into(), "2026-11-30T20:01:00.000Z".into())
+                    .await
+                    .expect("unknown"),
+                RevokeOutcome::Unknown
+            );
+            assert_eq!(pg.psql("revoked", "SELECT count(*) FROM events"), "0");
+            assert_eq!(
+                a.key("k_1").and_then(|k| k.revoked_at).as_deref(),
+                Some("2026-11-30T20:00:00.000Z")
+            );
+        });
+    }
+}

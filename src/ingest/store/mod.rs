@@ -1,7 +1,7 @@
 //! What the ingest stores and the promises every store keeps: the rows the server hands over,
 //! the outcomes it gets back, and the [`Store`] trait the server, the admin API and the live
-//! view call. [`sqlite`] is the embedded store (the default); [`postgres`] opens and migrates a
-//! PostgreSQL database (not yet a [`Store`]).
+//! view call. [`sqlite`] is the embedded store (the default); [`postgres`] is the store for
+//! several replicas over one PostgreSQL database.
 //!
 //! Every implementation keeps these promises, and the server relies on them without knowing
 //! which store runs: an outcome is reported only after the transaction holding it has
@@ -70,6 +70,10 @@ pub trait Store: Send + Sync {
 pub enum StoreError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("postgres pool: {0}")]
+    Pool(String),
     #[error("the store is shut down")]
     Closed,
     #[error("read task failed: {0}")]

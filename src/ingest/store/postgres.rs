@@ -12,10 +12,15 @@
 //! left unsaid: only `sslmode=disable` connects without TLS (a downgrade would send every event
 //! in the clear).
 //!
-//! Not a [`super::Store`] yet: keys, batches and reads over this schema come next.
+//! [`PgStore`] is the [`Store`] over this schema: each batch is one transaction (whole or not at
+//! all), de-duplicated on `(org, id)` by the database, so a batch retried against another
+//! replica stores nothing twice. Not yet selectable with `--db`.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+
+use serde_json::{Map, Number, Value};
 
 use rustls::pki_types::CertificateDer;
 use tokio_postgres::config::{Host, SslMode};
@@ -23,6 +28,11 @@ use tokio_postgres::{Client, Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::sqlite::APPLICATION_ID;
+use super::{
+    BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, EventRow, KeyRecord,
+    RevokeOutcome, Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolView,
+    MAX_ROLLUP_EVIDENCE,
+};
 
 /// The version [`MIGRATIONS`] bring a database to.
 pub const SCHEMA_VERSION: i32 = 1;
@@ -35,6 +45,10 @@ pub const MIGRATIONS: [(i32, &str); 1] = [(1, MIGRATION_1)];
 /// counters with health, and the evidence aggregates). Times stay RFC 3339 text, as the server
 /// writes them, so both stores order and compare them the same way.
 const MIGRATION_1: &str = "
+-- Counters saturate at the bigint maximum instead of failing the batch that would overflow
+-- them (a sensor may report any count).
+CREATE FUNCTION sat_add(a BIGINT, b BIGINT) RETURNS BIGINT LANGUAGE sql IMMUTABLE AS
+  'SELECT CASE WHEN a > 9223372036854775807 - b THEN 9223372036854775807 ELSE a + b END';
 CREATE TABLE keys (
     key_id     TEXT PRIMARY KEY,
     org        TEXT NOT NULL,
@@ -107,6 +121,8 @@ CREATE TABLE catalogs (
 pub enum PgOpenError {
     #[error("database URL is not a valid postgres:// URL")]
     Url,
+    #[error("connection pool: {0}")]
+    Pool(String),
     #[error("{target}: {source}")]
     Db {
         target: PgTarget,
@@ -192,6 +208,19 @@ impl PgConnect {
             tls,
             target,
         })
+    }
+
+    /// A pool manager with the same settings and TLS as [`PgConnect::connect`].
+    fn manager(&self) -> deadpool_postgres::Manager {
+        let mc = || deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        };
+        match &self.tls {
+            None => deadpool_postgres::Manager::from_config(self.config.clone(), NoTls, mc()),
+            Some(tls) => {
+                deadpool_postgres::Manager::from_config(self.config.clone(), tls.clone(), mc())
+            }
+        }
     }
 
     /// The database, for messages.
@@ -344,4 +373,554 @@ pub async fn open(connect: &PgConnect) -> Result<Client, PgOpenError> {
     .map_err(db)?;
     tx.commit().await.map_err(db)?;
     Ok(client)
+}
+
+/// Connections kept by one replica: requests beyond it wait for one (back-pressure on the
+/// handlers, as SQLite's writer queue).
+const POOL_SIZE: usize = 8;
+
+type KeyCache = std::sync::RwLock<std::collections::HashMap<String, KeyRecord>>;
+
+/// The PostgreSQL [`Store`]: a pool of connections, the keys in memory.
+///
+/// The key cache holds the keys at open plus this replica's own mints and revocations; a key
+/// minted or revoked through another replica reaches it only at its next start (shared
+/// invalidation comes with LISTEN/NOTIFY). A batch is never stored under a revoked key either
+/// way: [`Store::write_batch`] reads the key inside its transaction.
+pub struct PgStore {
+    pool: deadpool_postgres::Pool,
+    keys: KeyCache,
+}
+
+impl PgStore {
+    /// Opens the database (see [`open`]) and loads the keys.
+    pub async fn open(connect: &PgConnect) -> Result<std::sync::Arc<PgStore>, PgOpenError> {
+        let client = open(connect).await?;
+        let db = |source| PgOpenError::Db {
+            target: connect.target().clone(),
+            source,
+        };
+        let keys = client
+            .query(
+                "SELECT key_id, org, name, created_at, revoked_at FROM keys",
+                &[],
+            )
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| {
+                let k = KeyRecord {
+                    key_id: r.get(0),
+                    org: r.get(1),
+                    name: r.get(2),
+                    created_at: r.get(3),
+                    revoked_at: r.get(4),
+                };
+                (k.key_id.clone(), k)
+            })
+            .collect();
+        drop(client);
+        let pool = deadpool_postgres::Pool::builder(connect.manager())
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|e| PgOpenError::Pool(e.to_string()))?;
+        Ok(std::sync::Arc::new(PgStore {
+            pool,
+            keys: std::sync::RwLock::new(keys),
+        }))
+    }
+
+    async fn conn(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Pool(e.to_string()))
+    }
+
+    async fn write_batch_now(&self, b: BatchWrite) -> Result<BatchOutcome, StoreError> {
+        let mut c = self.conn().await?;
+        let tx = c.transaction().await?;
+        // FOR SHARE: a revocation committing first is seen; one arriving now waits for us.
+        let key = tx
+            .query_opt(
+                "SELECT revoked_at FROM keys WHERE key_id = $1 FOR SHARE",
+                &[&b.key_id],
+            )
+            .await?;
+        if !matches!(key.map(|r| r.get::<_, Option<String>>(0)), Some(None)) {
+            return Ok(BatchOutcome::KeyRevoked);
+        }
+        let col = |f: fn(&EventRow) -> &String| -> Vec<&str> {
+            b.rows.iter().map(|r| f(r).as_str()).collect()
+        };
+        let (ids, actors, actions, classes, bodies) = (
+            col(|r| &r.id),
+            col(|r| &r.actor),
+            col(|r| &r.action),
+            col(|r| &r.class),
+            col(|r| &r.body),
+        );
+        // One statement for the whole batch; the unique index decides what is new, across
+        // replicas (a concurrent insert of the same id waits for the other's commit).
+        let inserted = tx
+            .query(
+                "INSERT INTO events (id, org, sensor, actor, action, class, received_at, body)
+                 SELECT u.id, $2, $3, u.actor, u.action, u.class, $4, u.body
+                 FROM unnest($1::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+                      WITH ORDINALITY AS u(id, actor, action, class, body, n)
+                 ORDER BY u.n
+                 ON CONFLICT (org, id) DO NOTHING RETURNING id",
+                &[
+                    &ids,
+                    &b.org,
+                    &b.key_id,
+                    &b.received_at,
+                    &actors,
+                    &actions,
+                    &classes,
+                    &bodies,
+                ],
+            )
+            .await?;
+        let mut new: std::collections::HashSet<String> =
+            inserted.iter().map(|r| r.get::<_, String>(0)).collect();
+        let accepted = new.len() as u64;
+        for row in &b.rows {
+            // The first row of an id repeated within the batch is the one stored.
+            if new.remove(&row.id) {
+                apply_evidence(&tx, &b, row).await?;
+            }
+        }
+        let sat = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        tx.execute(
+            "INSERT INTO sensors (key_id, batches, accepted, dropped, version, transport, last_seen,
+                                  stdout_non_json, oversize_frames, orphan_responses, unobserved,
+                                  tap_dropped_bytes)
+             VALUES ($1, 1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             ON CONFLICT (key_id) DO UPDATE SET
+               batches = sat_add(sensors.batches, 1),
+               accepted = sat_add(sensors.accepted, $2),
+               dropped = sat_add(sensors.dropped, $3),
+               version = coalesce($4, sensors.version),
+               transport = coalesce($5, sensors.transport),
+               last_seen = $6,
+               stdout_non_json = sat_add(sensors.stdout_non_json, $7),
+               oversize_frames = sat_add(sensors.oversize_frames, $8),
+               orphan_responses = sat_add(sensors.orphan_responses, $9),
+               unobserved = sat_add(sensors.unobserved, $10),
+               tap_dropped_bytes = sat_add(sensors.tap_dropped_bytes, $11)",
+            &[
+                &b.key_id,
+                &sat(accepted),
+                &sat(b.dropped),
+                &b.sensor_version,
+                &b.sensor_transport,
+                &b.received_at,
+                &sat(b.health.stdout_non_json),
+                &sat(b.health.oversize_frames),
+                &sat(b.health.orphan_responses),
+                &sat(b.health.unobserved),
+                &sat(b.health.tap_dropped_bytes),
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(BatchOutcome::Stored {
+            accepted,
+            duplicates: b.rows.len() as u64 - accepted,
+        })
+    }
+
+    async fn mint_now(&self, k: KeyRecord) -> Result<(), StoreError> {
+        self.conn()
+            .await?
+            .execute(
+                "INSERT INTO keys (key_id, org, name, created_at, revoked_at)
+                 VALUES ($1, $2, $3, $4, NULL)",
+                &[&k.key_id, &k.org, &k.name, &k.created_at],
+            )
+            .await?;
+        crate::lock::write(&self.keys).insert(k.key_id.clone(), k);
+        Ok(())
+    }
+
+    async fn revoke_now(&self, key_id: String, at: String) -> Result<RevokeOutcome, StoreError> {
+        let c = self.conn().await?;
+        let updated = c
+            .execute(
+                "UPDATE keys SET revoked_at = $2 WHERE key_id = $1 AND revoked_at IS NULL",
+                &[&key_id, &at],
+            )
+            .await?;
+        if updated == 1 {
+            if let Some(k) = crate::lock::write(&self.keys).get_mut(&key_id) {
+                k.revoked_at = Some(at);
+            }
+            return Ok(RevokeOutcome::Revoked);
+        }
+        let known = c
+            .query_opt("SELECT 1 FROM keys WHERE key_id = $1", &[&key_id])
+            .await?;
+        Ok(match known {
+            Some(_) => RevokeOutcome::AlreadyRevoked,
+            None => RevokeOutcome::Unknown,
+        })
+    }
+
+    async fn bodies(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Value>, StoreError> {
+        let rows = self.conn().await?.query(sql, params).await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| serde_json::from_str(r.get::<_, &str>(0)).ok())
+            .collect())
+    }
+
+    async fn rollups_now(&self, org: Option<String>) -> Result<Vec<Rollup>, StoreError> {
+        type Group = (String, String, String, String);
+        let c = self.conn().await?;
+        let mut groups: BTreeMap<Group, Rollup> = BTreeMap::new();
+        for r in c
+            .query(
+                "SELECT org, actor, action, class, COUNT(*) FROM events
+                 WHERE ($1::text IS NULL OR org = $1) GROUP BY org, actor, action, class",
+                &[&org],
+            )
+            .await?
+        {
+            let g: Group = (r.get(0), r.get(1), r.get(2), r.get(3));
+            groups.insert(
+                g.clone(),
+                Rollup {
+                    org: g.0,
+                    actor: g.1,
+                    action: g.2,
+                    class: g.3,
+                    count: r.get::<_, i64>(4).max(0) as u64,
+                    sums: Map::new(),
+                },
+            );
+        }
+        // Summed as float8, as SQLite's TOTAL(); integer-only totals go back to integers while
+        // exact (see `number`).
+        for r in c
+            .query(
+                "SELECT e.org, e.actor, e.action, e.class, f.key,
+                        SUM((f.value #>> '{}')::float8),
+                        bool_and((f.value #>> '{}') !~ '[.eE]')
+                 FROM events e,
+                      jsonb_each(CASE WHEN jsonb_typeof(e.body::jsonb #> '{rec,fields}') = 'object'
+                                      THEN e.body::jsonb #> '{rec,fields}' END) f
+                 WHERE ($1::text IS NULL OR e.org = $1) AND jsonb_typeof(f.value) = 'number'
+                 GROUP BY e.org, e.actor, e.action, e.class, f.key",
+                &[&org],
+            )
+            .await?
+        {
+            let g: Group = (r.get(0), r.get(1), r.get(2), r.get(3));
+            if let Some(rollup) = groups.get_mut(&g) {
+                rollup
+                    .sums
+                    .insert(r.get(4), number(r.get(5), r.get::<_, bool>(6)));
+            }
+        }
+        Ok(groups.into_values().collect())
+    }
+
+    async fn sensors_now(&self) -> Result<Vec<SensorStats>, StoreError> {
+        let rows = self
+            .conn()
+            .await?
+            .query(
+                "SELECT key_id, batches, accepted, dropped, version, transport, last_seen,
+                        stdout_non_json, oversize_frames, orphan_responses, unobserved,
+                        tap_dropped_bytes
+                 FROM sensors ORDER BY key_id",
+                &[],
+            )
+            .await?;
+        let n = |r: &tokio_postgres::Row, i: usize| r.get::<_, i64>(i).max(0) as u64;
+        Ok(rows
+            .iter()
+            .map(|r| SensorStats {
+                key_id: r.get(0),
+                batches: n(r, 1),
+                accepted: n(r, 2),
+                dropped: n(r, 3),
+                version: r.get(4),
+                transport: r.get(5),
+                last_seen: r.get(6),
+                health: crate::event::health::Health {
+                    stdout_non_json: n(r, 7),
+                    oversize_frames: n(r, 8),
+                    orphan_responses: n(r, 9),
+                    unobserved: n(r, 10),
+                    tap_dropped_bytes: n(r, 11),
+                },
+            })
+            .collect())
+    }
+
+    async fn tools_now(&self, org: Option<String>) -> Result<Vec<ToolView>, StoreError> {
+        type Tool = (String, String, String);
+        let c = self.conn().await?;
+        let mut tools: BTreeMap<Tool, ToolView> = BTreeMap::new();
+        for r in c
+            .query(
+                "SELECT org, host, tool, def, MIN(first_seen), MAX(last_seen),
+                        COUNT(DISTINCT sensor)
+                 FROM tool_defs WHERE ($1::text IS NULL OR org = $1)
+                 GROUP BY org, host, tool, def",
+                &[&org],
+            )
+            .await?
+        {
+            let k: Tool = (r.get(0), r.get(1), r.get(2));
+            let seen = ToolDefSeen {
+                def: r.get(3),
+                first_seen: r.get(4),
+                last_seen: r.get(5),
+                sensors: r.get::<_, i64>(6).max(0) as u64,
+            };
+            tools
+                .entry(k.clone())
+                .or_insert_with(|| ToolView {
+                    org: k.0,
+                    host: k.1,
+                    tool: k.2,
+                    defs: Vec::new(),
+                    changed: false,
+                    inconsistent: false,
+                })
+                .defs
+                .push(seen);
+        }
+        // Changed: one sensor saw two hashes. Inconsistent: two sensors, two hashes, one hour.
+        for r in c
+            .query(
+                "SELECT org, host, tool FROM tool_defs WHERE ($1::text IS NULL OR org = $1)
+                 GROUP BY org, host, tool, sensor HAVING COUNT(DISTINCT def) > 1",
+                &[&org],
+            )
+            .await?
+        {
+            if let Some(t) = tools.get_mut(&(r.get(0), r.get(1), r.get(2))) {
+                t.changed = true;
+            }
+        }
+        for r in c
+            .query(
+                "SELECT DISTINCT a.org, a.host, a.tool FROM tool_defs a JOIN tool_defs b
+                   ON a.org = b.org AND a.host = b.host AND a.tool = b.tool AND a.hour = b.hour
+                  AND a.sensor <> b.sensor AND a.def <> b.def
+                 WHERE ($1::text IS NULL OR a.org = $1)",
+                &[&org],
+            )
+            .await?
+        {
+            if let Some(t) = tools.get_mut(&(r.get(0), r.get(1), r.get(2))) {
+                t.inconsistent = true;
+            }
+        }
+        let mut out: Vec<ToolView> = tools.into_values().collect();
+        for t in &mut out {
+            t.defs
+                .sort_by(|a, b| a.first_seen.cmp(&b.first_seen).then(a.def.cmp(&b.def)));
+        }
+        Ok(out)
+    }
+
+    async fn evidence_rollups_now(
+        &self,
+        org: Option<String>,
+    ) -> Result<(Vec<ErrorGroup>, Vec<CatalogView>), StoreError> {
+        let c = self.conn().await?;
+        let limit = i64::from(MAX_ROLLUP_EVIDENCE);
+        let groups = c
+            .query(
+                "SELECT org, fp, tool, kind, code, count, first_seen, last_seen FROM error_groups
+                 WHERE ($1::text IS NULL OR org = $1) ORDER BY count DESC, fp LIMIT $2",
+                &[&org, &limit],
+            )
+            .await?
+            .iter()
+            .map(|r| ErrorGroup {
+                org: r.get(0),
+                fp: r.get(1),
+                tool: r.get(2),
+                kind: r.get(3),
+                code: r.get(4),
+                count: r.get::<_, i64>(5).max(0) as u64,
+                first_seen: r.get(6),
+                last_seen: r.get(7),
+            })
+            .collect();
+        let catalogs = c
+            .query(
+                "SELECT org, host, tools, bytes, last_seen FROM catalogs
+                 WHERE ($1::text IS NULL OR org = $1) ORDER BY bytes DESC, host LIMIT $2",
+                &[&org, &limit],
+            )
+            .await?
+            .iter()
+            .map(|r| CatalogView {
+                org: r.get(0),
+                host: r.get(1),
+                tools: r.get::<_, Option<i64>>(2).map(|t| t.max(0) as u64),
+                bytes: r.get::<_, i64>(3).max(0) as u64,
+                last_seen: r.get(4),
+            })
+            .collect();
+        Ok((groups, catalogs))
+    }
+}
+
+/// The aggregates of one newly stored event, as SQLite's `apply_evidence`.
+async fn apply_evidence(
+    tx: &deadpool_postgres::Transaction<'_>,
+    b: &BatchWrite,
+    row: &EventRow,
+) -> Result<(), tokio_postgres::Error> {
+    let e = &row.evidence;
+    let hour = e.seen.get(..13).unwrap_or(&e.seen);
+    for def in &e.tool_defs {
+        tx.execute(
+            "INSERT INTO tool_defs (org, host, tool, def, sensor, hour, first_seen, last_seen)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
+             ON CONFLICT (org, host, tool, def, sensor, hour) DO UPDATE SET
+                first_seen = least(tool_defs.first_seen, $7),
+                last_seen = greatest(tool_defs.last_seen, $7)",
+            &[&b.org, &e.host, &row.action, def, &b.key_id, &hour, &e.seen],
+        )
+        .await?;
+    }
+    if let Some((fp, kind, code)) = &e.error {
+        tx.execute(
+            "INSERT INTO error_groups (org, fp, tool, kind, code, count, first_seen, last_seen)
+             VALUES ($1, $2, $3, $4, $5, 1, $6, $6)
+             ON CONFLICT (org, fp, tool) DO UPDATE SET
+                count = sat_add(error_groups.count, 1),
+                first_seen = least(error_groups.first_seen, $6),
+                last_seen = greatest(error_groups.last_seen, $6)",
+            &[&b.org, fp, &row.action, kind, code, &e.seen],
+        )
+        .await?;
+    }
+    if let Some((tools, bytes)) = e.catalog {
+        let tools = tools.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        tx.execute(
+            "INSERT INTO catalogs (org, host, tools, bytes, last_seen) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (org, host) DO UPDATE SET
+                tools = CASE WHEN $4 >= catalogs.bytes THEN $3 ELSE catalogs.tools END,
+                bytes = greatest(catalogs.bytes, $4),
+                last_seen = greatest(catalogs.last_seen, $5)",
+            &[&b.org, &e.host, &tools, &bytes, &e.seen],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Largest integer an f64 holds exactly.
+const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
+
+fn number(total: f64, all_int: bool) -> Value {
+    if all_int && total.fract() == 0.0 && total.abs() <= MAX_EXACT_INT {
+        Value::Number(Number::from(total as i64))
+    } else {
+        Number::from_f64(total).map_or(Value::Null, Value::Number)
+    }
+}
+
+impl Store for PgStore {
+    fn key(&self, key_id: &str) -> Option<KeyRecord> {
+        crate::lock::read(&self.keys).get(key_id).cloned()
+    }
+    fn key_records(&self) -> Vec<KeyRecord> {
+        crate::lock::read(&self.keys).values().cloned().collect()
+    }
+    fn write_batch(&self, batch: BatchWrite) -> StoreFuture<'_, BatchOutcome> {
+        Box::pin(self.write_batch_now(batch))
+    }
+    fn mint(&self, key: KeyRecord) -> StoreFuture<'_, ()> {
+        Box::pin(self.mint_now(key))
+    }
+    fn revoke(&self, key_id: String, at: String) -> StoreFuture<'_, RevokeOutcome> {
+        Box::pin(self.revoke_now(key_id, at))
+    }
+    fn events(&self, q: EventQuery) -> StoreFuture<'_, Vec<Value>> {
+        Box::pin(async move {
+            self.bodies(
+                "SELECT body FROM events
+                 WHERE ($1::text IS NULL OR org = $1) AND ($2::text IS NULL OR actor = $2)
+                   AND ($3::text IS NULL OR action = $3) AND ($4::text IS NULL OR class = $4)
+                 ORDER BY seq DESC LIMIT $5",
+                &[&q.org, &q.actor, &q.action, &q.class, &i64::from(q.limit)],
+            )
+            .await
+        })
+    }
+    fn events_after(&self, after: Option<i64>, limit: u32) -> StoreFuture<'_, Vec<(i64, String)>> {
+        Box::pin(async move {
+            let c = self.conn().await?;
+            let limit = i64::from(limit);
+            let rows = match after {
+                Some(after) => {
+                    c.query(
+                        "SELECT seq, body FROM events WHERE seq > $1 ORDER BY seq LIMIT $2",
+                        &[&after, &limit],
+                    )
+                    .await?
+                }
+                None => {
+                    c.query(
+                        "SELECT seq, body FROM
+                           (SELECT seq, body FROM events ORDER BY seq DESC LIMIT $1) AS newest
+                         ORDER BY seq",
+                        &[&limit],
+                    )
+                    .await?
+                }
+            };
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+    fn events_received_since(
+        &self,
+        since: String,
+        org: Option<String>,
+        limit: u32,
+    ) -> StoreFuture<'_, Vec<Value>> {
+        Box::pin(async move {
+            self.bodies(
+                "SELECT body FROM events WHERE received_at >= $1 AND ($2::text IS NULL OR org = $2)
+                 ORDER BY seq DESC LIMIT $3",
+                &[&since, &org, &i64::from(limit)],
+            )
+            .await
+        })
+    }
+    fn rollups(&self, org: Option<String>) -> StoreFuture<'_, Vec<Rollup>> {
+        Box::pin(self.rollups_now(org))
+    }
+    fn sensors(&self) -> StoreFuture<'_, Vec<SensorStats>> {
+        Box::pin(self.sensors_now())
+    }
+    fn tools(&self, org: Option<String>) -> StoreFuture<'_, Vec<ToolView>> {
+        Box::pin(self.tools_now(org))
+    }
+    fn evidence_rollups(
+        &self,
+        org: Option<String>,
+    ) -> StoreFuture<'_, (Vec<ErrorGroup>, Vec<CatalogView>)> {
+        Box::pin(self.evidence_rollups_now(org))
+    }
+    fn close(&self) -> futures_util::future::BoxFuture<'_, ()> {
+        // Every write has committed before its caller got an answer: nothing to flush.
+        Box::pin(async move { self.pool.close() })
+    }
 }
