@@ -427,4 +427,44 @@ mod store {
             );
         });
     }
+
+    #[test]
+    fn concurrent_batches_sharing_aggregates_all_commit() {
+        // Sixteen batches at once through two replicas, each touching the same hosts, tools
+        // and error groups in its own order: none may fail (a deadlock aborts one).
+        let pg = PgCluster::start();
+        let url = pg.create_database("shared_aggregates");
+        let rt = runtime();
+        rt.block_on(async {
+            let (a, b) = (pg_store(&url).await, pg_store(&url).await);
+            a.mint(key("k_1")).await.expect("mint");
+            let writes = (0..16i64).map(|t| {
+                let s = if t % 2 == 0 { a.clone() } else { b.clone() };
+                let mut rows: Vec<EventRow> = (0..40i64)
+                    .map(|n| {
+                        let mut r = row(&format!("t{t}-{n}"), &format!("tool{}", n % 5), n, "srv");
+                        r.evidence.host = format!("host{}", n % 8);
+                        r
+                    })
+                    .collect();
+                if t % 2 == 1 {
+                    rows.reverse();
+                }
+                let mut w = batch("k_1", 0..0);
+                w.rows = rows;
+                tokio::spawn(async move { s.write_batch(w).await })
+            });
+            for r in futures_util::future::join_all(writes).await {
+                assert_eq!(stored(r.expect("task").expect("committed")), (40, 0));
+            }
+        });
+        assert_eq!(
+            pg.psql("shared_aggregates", "SELECT count(*) FROM events"),
+            "640"
+        );
+        assert_eq!(
+            pg.psql("shared_aggregates", "SELECT sum(count) FROM error_groups"),
+            (16 * (0..40).filter(|n| n % 3 == 0).count()).to_string()
+        );
+    }
 }

@@ -485,12 +485,14 @@ impl PgStore {
         let mut new: std::collections::HashSet<String> =
             inserted.iter().map(|r| r.get::<_, String>(0)).collect();
         let accepted = new.len() as u64;
+        let mut evidence = BatchEvidence::default();
         for row in &b.rows {
             // The first row of an id repeated within the batch is the one stored.
             if new.remove(&row.id) {
-                apply_evidence(&tx, &b, row).await?;
+                evidence.add(row);
             }
         }
+        evidence.apply(&tx, &b).await?;
         let sat = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         tx.execute(
             "INSERT INTO sensors (key_id, batches, accepted, dropped, version, transport, last_seen,
@@ -778,51 +780,122 @@ impl PgStore {
     }
 }
 
-/// The aggregates of one newly stored event, as SQLite's `apply_evidence`.
-async fn apply_evidence(
-    tx: &deadpool_postgres::Transaction<'_>,
-    b: &BatchWrite,
-    row: &EventRow,
-) -> Result<(), tokio_postgres::Error> {
-    let e = &row.evidence;
-    let hour = e.seen.get(..13).unwrap_or(&e.seen);
-    for def in &e.tool_defs {
-        tx.execute(
-            "INSERT INTO tool_defs (org, host, tool, def, sensor, hour, first_seen, last_seen)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
-             ON CONFLICT (org, host, tool, def, sensor, hour) DO UPDATE SET
-                first_seen = least(tool_defs.first_seen, $7),
-                last_seen = greatest(tool_defs.last_seen, $7)",
-            &[&b.org, &e.host, &row.action, def, &b.key_id, &hour, &e.seen],
-        )
-        .await?;
+/// The aggregates of a batch's new events, folded per row key and written in key order.
+///
+/// Folded: one upsert per distinct host, tool and fingerprint instead of one per event. In key
+/// order: concurrent batches (other replicas, other sensors of the same fleet) lock the shared
+/// aggregate rows in one order, so they queue instead of deadlocking.
+/// One error group within a batch: kind and code of its first event, count, first and last
+/// seen.
+type ErrorFold = (String, Option<i64>, i64, String, String);
+
+#[derive(Default)]
+struct BatchEvidence {
+    /// (host, tool, def, hour) → (first seen, last seen).
+    tool_defs: BTreeMap<(String, String, String, String), (String, String)>,
+    /// (fp, tool) → the group's figures in this batch.
+    errors: BTreeMap<(String, String), ErrorFold>,
+    /// host → (tools, bytes, last seen), folded as the upsert folds them.
+    catalogs: BTreeMap<String, (Option<i64>, i64, String)>,
+}
+
+impl BatchEvidence {
+    fn add(&mut self, row: &EventRow) {
+        let e = &row.evidence;
+        let hour = e.seen.get(..13).unwrap_or(&e.seen).to_owned();
+        for def in &e.tool_defs {
+            let k = (
+                e.host.clone(),
+                row.action.clone(),
+                def.clone(),
+                hour.clone(),
+            );
+            let span = self
+                .tool_defs
+                .entry(k)
+                .or_insert_with(|| (e.seen.clone(), e.seen.clone()));
+            if e.seen < span.0 {
+                span.0 = e.seen.clone();
+            }
+            if e.seen > span.1 {
+                span.1 = e.seen.clone();
+            }
+        }
+        if let Some((fp, kind, code)) = &e.error {
+            let g = self
+                .errors
+                .entry((fp.clone(), row.action.clone()))
+                .or_insert_with(|| (kind.clone(), *code, 0, e.seen.clone(), e.seen.clone()));
+            g.2 = g.2.saturating_add(1);
+            if e.seen < g.3 {
+                g.3 = e.seen.clone();
+            }
+            if e.seen > g.4 {
+                g.4 = e.seen.clone();
+            }
+        }
+        if let Some((tools, bytes)) = e.catalog {
+            let tools = tools.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+            let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+            match self.catalogs.get_mut(&e.host) {
+                None => {
+                    self.catalogs
+                        .insert(e.host.clone(), (tools, bytes, e.seen.clone()));
+                }
+                Some(c) => {
+                    if bytes >= c.1 {
+                        c.0 = tools;
+                        c.1 = bytes;
+                    }
+                    if e.seen > c.2 {
+                        c.2 = e.seen.clone();
+                    }
+                }
+            }
+        }
     }
-    if let Some((fp, kind, code)) = &e.error {
-        tx.execute(
-            "INSERT INTO error_groups (org, fp, tool, kind, code, count, first_seen, last_seen)
-             VALUES ($1, $2, $3, $4, $5, 1, $6, $6)
-             ON CONFLICT (org, fp, tool) DO UPDATE SET
-                count = sat_add(error_groups.count, 1),
-                first_seen = least(error_groups.first_seen, $6),
-                last_seen = greatest(error_groups.last_seen, $6)",
-            &[&b.org, fp, &row.action, kind, code, &e.seen],
-        )
-        .await?;
+
+    async fn apply(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        b: &BatchWrite,
+    ) -> Result<(), tokio_postgres::Error> {
+        for ((host, tool, def, hour), (first, last)) in &self.tool_defs {
+            tx.execute(
+                "INSERT INTO tool_defs (org, host, tool, def, sensor, hour, first_seen, last_seen)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (org, host, tool, def, sensor, hour) DO UPDATE SET
+                    first_seen = least(tool_defs.first_seen, $7),
+                    last_seen = greatest(tool_defs.last_seen, $8)",
+                &[&b.org, host, tool, def, &b.key_id, hour, first, last],
+            )
+            .await?;
+        }
+        for ((fp, tool), (kind, code, count, first, last)) in &self.errors {
+            tx.execute(
+                "INSERT INTO error_groups (org, fp, tool, kind, code, count, first_seen, last_seen)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (org, fp, tool) DO UPDATE SET
+                    count = sat_add(error_groups.count, $6),
+                    first_seen = least(error_groups.first_seen, $7),
+                    last_seen = greatest(error_groups.last_seen, $8)",
+                &[&b.org, fp, tool, kind, code, count, first, last],
+            )
+            .await?;
+        }
+        for (host, (tools, bytes, last)) in &self.catalogs {
+            tx.execute(
+                "INSERT INTO catalogs (org, host, tools, bytes, last_seen) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (org, host) DO UPDATE SET
+                    tools = CASE WHEN $4 >= catalogs.bytes THEN $3 ELSE catalogs.tools END,
+                    bytes = greatest(catalogs.bytes, $4),
+                    last_seen = greatest(catalogs.last_seen, $5)",
+                &[&b.org, host, tools, bytes, last],
+            )
+            .await?;
+        }
+        Ok(())
     }
-    if let Some((tools, bytes)) = e.catalog {
-        let tools = tools.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-        tx.execute(
-            "INSERT INTO catalogs (org, host, tools, bytes, last_seen) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (org, host) DO UPDATE SET
-                tools = CASE WHEN $4 >= catalogs.bytes THEN $3 ELSE catalogs.tools END,
-                bytes = greatest(catalogs.bytes, $4),
-                last_seen = greatest(catalogs.last_seen, $5)",
-            &[&b.org, &e.host, &tools, &bytes, &e.seen],
-        )
-        .await?;
-    }
-    Ok(())
 }
 
 /// Largest integer an f64 holds exactly.
