@@ -11,6 +11,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -69,10 +70,13 @@ impl Driver {
             chromium.display()
         );
         let port = free_port();
+        // Its own process group, which the browser it starts joins: dropping the driver (also
+        // when a test panics) ends them all, so no Chromium outlives the test.
         let process = Command::new(&driver_bin)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("spawn chromedriver");
         let http = reqwest::Client::builder()
@@ -239,13 +243,24 @@ impl Driver {
         eprintln!("screenshot: {}", path.display());
     }
 
-    async fn quit(mut self) {
+    /// Ends the browser session politely; dropping the driver then ends the processes.
+    async fn quit(self) {
         let _ = self
             .http
             .delete(format!("{}/session/{}", self.base, self.session))
             .send()
             .await;
-        let _ = self.process.kill();
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.process.id()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         let _ = self.process.wait();
     }
 }

@@ -19,7 +19,6 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::metrics::v1::{ResourceMetrics, ScopeMetrics};
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
-use prost::Message;
 use tokio::sync::{mpsc, watch};
 
 use super::config::{OtlpConfig, Protocol};
@@ -261,13 +260,9 @@ impl Exporter {
                 ..Default::default()
             }],
         };
-        let body = match self.cfg.protocol {
-            Protocol::Protobuf => Ok(req.encode_to_vec()),
-            Protocol::Json => serde_json::to_vec(&req).map_err(|e| e.to_string()),
-        };
-        let ok = match body {
-            Ok(b) => self.deliver(st, &url, Bytes::from(b), "spans").await,
-            Err(_) => false,
+        let ok = match self.encode(&req) {
+            Some(b) => self.deliver(st, &url, b, "spans").await,
+            None => false,
         };
         if ok {
             self.shared.spans_sent.fetch_add(n, Relaxed);
@@ -348,13 +343,9 @@ impl Exporter {
                 ..Default::default()
             }],
         };
-        let body = match self.cfg.protocol {
-            Protocol::Protobuf => Ok(req.encode_to_vec()),
-            Protocol::Json => serde_json::to_vec(&req).map_err(|e| e.to_string()),
-        };
-        let ok = match body {
-            Ok(b) => self.deliver(st, &url, Bytes::from(b), "metrics").await,
-            Err(_) => false,
+        let ok = match self.encode(&req) {
+            Some(b) => self.deliver(st, &url, b, "metrics").await,
+            None => false,
         };
         if ok {
             self.shared.metric_exports.fetch_add(1, Relaxed);
@@ -399,6 +390,15 @@ impl Exporter {
                     return false;
                 }
             }
+        }
+    }
+
+    /// One export request in the configured protocol; `None` if it cannot be encoded (then
+    /// nothing is sent).
+    fn encode<M: prost::Message + serde::Serialize>(&self, req: &M) -> Option<Bytes> {
+        match self.cfg.protocol {
+            Protocol::Protobuf => Some(Bytes::from(req.encode_to_vec())),
+            Protocol::Json => serde_json::to_vec(req).ok().map(Bytes::from),
         }
     }
 
