@@ -399,6 +399,12 @@ mod store {
             let (a, b) = (pg_store(&url).await, pg_store(&url).await);
             a.mint(key("k_1")).await.expect("mint");
             assert_eq!(
+                b.key("k_1".into()).await.expect("key").map(|k| k.org),
+                Some("acme".to_string()),
+                "a key minted through one replica is known to another at once"
+            );
+            assert_eq!(b.key_records().await.expect("keys").len(), 1);
+            assert_eq!(
                 a.revoke("k_1".into(), "2026-11-30T20:00:00.000Z".into())
                     .await
                     .expect("revoke"),
@@ -421,10 +427,18 @@ mod store {
                 RevokeOutcome::Unknown
             );
             assert_eq!(pg.psql("revoked", "SELECT count(*) FROM events"), "0");
-            assert_eq!(
-                a.key("k_1").and_then(|k| k.revoked_at).as_deref(),
-                Some("2026-11-30T20:00:00.000Z")
-            );
+            for replica in [&a, &b] {
+                assert_eq!(
+                    replica
+                        .key("k_1".into())
+                        .await
+                        .expect("key")
+                        .and_then(|k| k.revoked_at)
+                        .as_deref(),
+                    Some("2026-11-30T20:00:00.000Z"),
+                    "every replica sees the revocation at once"
+                );
+            }
         });
     }
 

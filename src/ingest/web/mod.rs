@@ -559,7 +559,16 @@ async fn keys(State(state): State<Shared>, headers: HeaderMap) -> Response {
     if !authorized(&state, &headers) {
         return json_error(StatusCode::UNAUTHORIZED, "sign in first");
     }
-    let mut keys = state.store.key_records();
+    let mut keys = match state.store.key_records().await {
+        Ok(keys) => keys,
+        Err(e) => {
+            tracing::warn!(error = %e, "Live view keys read failed");
+            return json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store unavailable; retry later",
+            );
+        }
+    };
     keys.sort_by(|a, b| b.created_at.cmp(&a.created_at));
     hardened(Json(json!({ "keys": keys })).into_response())
 }
