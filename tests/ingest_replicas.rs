@@ -334,3 +334,43 @@ async fn a_replica_killed_mid_batch_loses_nothing_acknowledged_and_a_retry_elsew
         .expect("events from B");
     assert_eq!(events.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_on_one_replica_streams_events_posted_to_the_other() {
+    let p = pair();
+    let key = p.admin_a.mint("acme", None).await.expect("mint");
+    let secret = std::fs::read_to_string(p.db.admin_secret_file()).expect("secret");
+    let mut stream = p
+        .http
+        .get(format!("{}/ui/stream", p.b.base))
+        .bearer_auth(secret.trim())
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.status(), 200);
+    // The backlog (empty) has been read once the retry hint arrives.
+    let mut seen = String::new();
+    while !seen.contains("retry:") {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.chunk())
+            .await
+            .expect("stream answers")
+            .expect("chunk")
+            .expect("open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let posted = Instant::now();
+    let answer = post(&p.http, &p.a.base, &key.token, batch(7..=7)).await;
+    assert_eq!(answer.map(|(s, _)| s), Some(200));
+    let want = format!("{:032x}", 7);
+    while !seen.contains(&want) {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.chunk())
+            .await
+            .expect("the event reaches the other replica's stream")
+            .expect("chunk")
+            .expect("open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let took = posted.elapsed();
+    eprintln!("event posted to A streamed by B after {took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}

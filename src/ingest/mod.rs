@@ -401,7 +401,11 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         source,
     })?;
     let admin_secret = admin.expose().to_string();
-    let web = Arc::new(web::WebState::new(tls.is_some()));
+    let web = web::WebState::new(tls.is_some());
+    let web = Arc::new(match cfg.postgres {
+        Some(_) => web.shared_store(),
+        None => web,
+    });
     let state = Arc::new(server::AppState {
         store: store.clone(),
         signer,
