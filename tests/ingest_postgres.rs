@@ -1,7 +1,8 @@
 //! The PostgreSQL store against a real server (tests/pg_support): the schema is created on an
 //! empty database at the current version, reopened as it is, created once when replicas start
 //! together, and a newer or foreign database is refused and left as it was. The password never
-//! appears in an error, and TLS is never silently dropped.
+//! appears in an error, and TLS is never silently dropped. The tests share one cluster, a
+//! database each (pg_support::shared).
 
 mod pg_support;
 
@@ -32,7 +33,7 @@ fn tables(pg: &PgCluster, db: &str) -> String {
 
 #[test]
 fn an_empty_database_gets_the_schema_at_the_current_version_and_reopens_unchanged() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let url = pg.create_database("fresh");
     let rt = runtime();
     rt.block_on(postgres::open(&connect(&url))).expect("open");
@@ -60,7 +61,7 @@ fn an_empty_database_gets_the_schema_at_the_current_version_and_reopens_unchange
 
 #[test]
 fn replicas_starting_together_create_the_schema_once() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let url = pg.create_database("together");
     let rt = runtime();
     let c = connect(&url);
@@ -83,7 +84,7 @@ fn replicas_starting_together_create_the_schema_once() {
 
 #[test]
 fn a_newer_schema_is_refused_and_left_as_it_was() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let url = pg.create_database("newer");
     let rt = runtime();
     rt.block_on(postgres::open(&connect(&url))).expect("open");
@@ -101,7 +102,7 @@ fn a_newer_schema_is_refused_and_left_as_it_was() {
 
 #[test]
 fn another_programs_database_is_refused_and_left_as_it_was() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let url = pg.create_database("foreign_db");
     pg.psql(
         "foreign_db",
@@ -132,7 +133,7 @@ fn another_programs_database_is_refused_and_left_as_it_was() {
 
 #[test]
 fn the_password_never_appears_in_an_error() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let rt = runtime();
     let canary = "Canary-Pw-7f3a9c";
 
@@ -163,7 +164,7 @@ fn the_password_never_appears_in_an_error() {
 #[test]
 fn tls_is_required_unless_the_url_disables_it() {
     // The test cluster has no certificate: every mode but `disable` must fail, never fall back.
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let rt = runtime();
     let base = format!(
         "postgres://bounded:{}@127.0.0.1:{}/postgres",
@@ -197,7 +198,7 @@ mod store {
         SqliteStore, Store,
     };
 
-    use super::{runtime, PgCluster};
+    use super::{pg_support, runtime};
 
     fn key(id: &str) -> KeyRecord {
         KeyRecord {
@@ -266,7 +267,7 @@ mod store {
 
     #[test]
     fn postgres_answers_as_sqlite_does_for_the_same_batches() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("parity");
         let dir = tempfile::tempdir().expect("tempdir");
         let rt = runtime();
@@ -341,7 +342,7 @@ mod store {
 
     #[test]
     fn a_batch_failing_midway_stores_nothing() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("whole");
         let rt = runtime();
         rt.block_on(async {
@@ -365,7 +366,7 @@ mod store {
 
     #[test]
     fn a_batch_retried_on_another_replica_is_stored_once() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("replicas");
         let rt = runtime();
         rt.block_on(async {
@@ -392,7 +393,7 @@ mod store {
 
     #[test]
     fn a_key_revoked_through_one_replica_stores_nothing_through_another() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("revoked");
         let rt = runtime();
         rt.block_on(async {
@@ -446,7 +447,7 @@ mod store {
     fn concurrent_batches_sharing_aggregates_all_commit() {
         // Sixteen batches at once through two replicas, each touching the same hosts, tools
         // and error groups in its own order: none may fail (a deadlock aborts one).
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("shared_aggregates");
         let rt = runtime();
         rt.block_on(async {
