@@ -483,3 +483,58 @@ mod store {
         );
     }
 }
+
+/// The live view follows the store sequence (`events_after`). PostgreSQL hands sequence values
+/// out at insert, not at commit: a batch still committing holds lower ones than a batch that
+/// committed after it started. A reader must not skip past it.
+#[test]
+fn a_reader_following_the_sequence_never_skips_a_batch_still_committing() {
+    use bounded_observe_mcp::ingest::store::postgres::PgStore;
+    use bounded_observe_mcp::ingest::store::Store;
+    let pg = pg_support::shared();
+    let url = pg.create_database("commit_order");
+    let rt = runtime();
+    rt.block_on(async {
+        let store = PgStore::open(&connect(&url)).await.expect("open");
+        let (mut slow, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        // A batch that took the lower sequence value and has not committed yet…
+        let tx = slow.transaction().await.expect("begin");
+        tx.execute(
+            "INSERT INTO events (id, org, sensor, actor, action, class, received_at, body)
+             VALUES ('slow', 'acme', 'k', 'a', 'x', 'action', 't', '{\"id\":\"slow\"}')",
+            &[],
+        )
+        .await
+        .expect("insert");
+        // …and one that took a higher value and committed.
+        pg.psql(
+            "commit_order",
+            "INSERT INTO events (id, org, sensor, actor, action, class, received_at, body)
+             VALUES ('fast', 'acme', 'k', 'a', 'x', 'action', 't', '{\"id\":\"fast\"}')",
+        );
+        let store2 = store.clone();
+        let read = tokio::spawn(async move { store2.events_after(Some(0), 100).await });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        tx.commit().await.expect("commit");
+        let rows = read.await.expect("join").expect("read");
+        let ids: Vec<&str> = rows
+            .iter()
+            .map(|(_, body)| {
+                if body.contains("slow") {
+                    "slow"
+                } else {
+                    "fast"
+                }
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            ["slow", "fast"],
+            "both, in sequence order: a reader that had answered `fast` alone would have \
+             moved past `slow` for good"
+        );
+    });
+}

@@ -1003,9 +1003,20 @@ impl Store for PgStore {
             .await
         })
     }
+    /// Sequence values are handed out at insert, not at commit: a batch still committing can
+    /// hold lower ones than a batch that has committed, and a reader following the sequence
+    /// (the live view's stream) would move past it for good. So the read first takes the table
+    /// in SHARE mode, which waits for every transaction inserting into it to end and holds new
+    /// ones off for the few milliseconds of the read: then every value below the highest seen
+    /// is committed or never will be.
     fn events_after(&self, after: Option<i64>, limit: u32) -> StoreFuture<'_, Vec<(i64, String)>> {
         Box::pin(async move {
-            let c = self.conn().await?;
+            let mut conn = self.conn().await?;
+            let c = conn.transaction().await?;
+            // Batches take milliseconds; one stuck longer fails this read (the stream ends and
+            // the browser reconnects) rather than holding every writer behind it.
+            c.batch_execute("SET LOCAL lock_timeout = '2s'; LOCK TABLE events IN SHARE MODE")
+                .await?;
             let limit = i64::from(limit);
             let rows = match after {
                 Some(after) => {
@@ -1025,6 +1036,7 @@ impl Store for PgStore {
                     .await?
                 }
             };
+            c.commit().await?;
             Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
         })
     }
