@@ -474,7 +474,7 @@ impl PgStore {
         self.pool
             .get()
             .await
-            .map_err(|e| StoreError::Pool(e.to_string()))
+            .map_err(|e| StoreError::Pool(super::chain(&e)))
     }
 
     async fn write_batch_now(&self, b: BatchWrite) -> Result<BatchOutcome, StoreError> {
