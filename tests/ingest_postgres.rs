@@ -185,6 +185,91 @@ fn tls_is_required_unless_the_url_disables_it() {
         .expect("plain when asked");
 }
 
+#[test]
+fn verify_full_with_the_databases_ca_connects_encrypted_and_an_unknown_ca_is_refused() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    // A cluster of its own: the shared one must keep serving without TLS.
+    let pg = PgCluster::start();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "bounded test database CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
+    let mut leaf_params =
+        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .expect("leaf params");
+    leaf_params
+        .distinguished_name
+        .push(DnType::CommonName, "bounded test database");
+    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_key = KeyPair::generate().expect("leaf key");
+    let leaf = leaf_params.signed_by(&leaf_key, &ca).expect("leaf");
+    pg.enable_tls(&leaf.pem(), &leaf_key.serialize_pem());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_path = dir.path().join("db ca.pem");
+    std::fs::write(&ca_path, ca.pem()).expect("write ca");
+
+    let url = pg.create_database("tls");
+    let base = url.split('?').next().expect("url").to_string();
+    let rt = runtime();
+    let encrypted = |connect: PgConnect| {
+        rt.block_on(async {
+            postgres::open(&connect).await?;
+            let client = connect.connect().await?;
+            let row = client
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .map_err(|cause| PgOpenError::Db {
+                    target: connect.target().clone(),
+                    cause,
+                })?;
+            Ok::<bool, PgOpenError>(row.get(0))
+        })
+    };
+    // What a managed database's instructions say: verify-full and its CA in the URL.
+    let in_url = format!(
+        "{base}?sslmode=verify-full&sslrootcert={}",
+        ca_path.display().to_string().replace(' ', "%20")
+    );
+    assert!(encrypted(connect(&in_url)).expect("verify-full with sslrootcert"));
+    // The same CA given beside the URL (--db-ca).
+    let ca_der = bounded_observe_mcp::http_client::load_ca_file(&ca_path).expect("ca");
+    assert!(
+        encrypted(PgConnect::new(&format!("{base}?sslmode=require"), &ca_der).expect("url"))
+            .expect("require with the CA given")
+    );
+    // Without the CA the certificate is not trusted: refused, never downgraded.
+    let err = encrypted(connect(&format!("{base}?sslmode=verify-full")))
+        .expect_err("an unknown CA is refused");
+    assert!(matches!(err, PgOpenError::Db { .. }), "{err}");
+    assert!(!err.to_string().contains(pg.password()), "{err}");
+    // The host name is checked, always (verify-ca included): `hostaddr` connects to the same
+    // server under a name the certificate does not carry, and under one it does.
+    let root = format!(
+        "sslrootcert={}",
+        ca_path.display().to_string().replace(' ', "%20")
+    );
+    let named = |host: &str| {
+        format!(
+            "{}?hostaddr=127.0.0.1&sslmode=verify-ca&{root}",
+            base.replace("@127.0.0.1:", &format!("@{host}:"))
+        )
+    };
+    assert!(encrypted(connect(&named("localhost"))).expect("a name the certificate carries"));
+    let err = encrypted(connect(&named("db.example.com")))
+        .expect_err("a name the certificate does not carry is refused");
+    assert!(err.to_string().contains("TLS handshake"), "{err}");
+}
+
 mod store {
     //! The [`Store`] over PostgreSQL: the same answers as SQLite for the same batches, one
     //! transaction per batch, and de-duplication and revocation that hold across replicas.
