@@ -3,20 +3,30 @@
 # against: the official MCP TypeScript SDK and server-everything (tests/node/package-lock.json),
 # and the official MCP Python SDK in a virtualenv (tests/python/requirements.txt →
 # tests/python/.venv), and headless Chromium with its WebDriver (Debian's `chromium` and
-# `chromium-driver`) for the live view's browser test (tests/web_browser.rs). Idempotent and
+# `chromium-driver`) for the live view's browser test (tests/web_browser.rs), and Debian's
+# `postgresql` (its server binaries under /usr/lib/postgresql/<major>/bin) for the tests that run
+# the ingest over a real PostgreSQL cluster (tests/pg_support). Idempotent and
 # quick once installed; needs node/npm, python3 (with the venv module), the npm and PyPI
 # registries, and apt-get (as root, or through sudo) the first time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+apt_missing=()
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  apt_missing+=(chromium chromium-driver)
+fi
+# The tests start their own cluster with initdb and pg_ctl, which Debian keeps off PATH.
+if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+  apt_missing+=(postgresql)
+fi
+if [ "${#apt_missing[@]}" -gt 0 ]; then
   as_root=()
   if [ "$(id -u)" -ne 0 ]; then
     as_root=(sudo)
   fi
   "${as_root[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq --no-install-recommends \
-    chromium chromium-driver >/dev/null
+    "${apt_missing[@]}" >/dev/null
 fi
 if ! command -v npm >/dev/null 2>&1; then
   echo "npm is required for the interoperability tests (apt-get install nodejs npm)" >&2

@@ -1,4 +1,5 @@
-//! The embedded store: one SQLite file (WAL) holding keys, events and per-sensor counters.
+//! The embedded store (the default [`Store`]): one SQLite file (WAL) holding keys, events and
+//! per-sensor counters.
 //!
 //! Owns the schema (created on first start), the single writer thread and a small pool of read
 //! connections. Goes in: prepared rows (already filtered and stamped by the server), key mints
@@ -35,11 +36,15 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
-use serde::Serialize;
 use serde_json::{Map, Number, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::IngestError;
+use super::{
+    BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, EventRow, KeyRecord,
+    RevokeOutcome, Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolView,
+    MAX_ROLLUP_EVIDENCE,
+};
+use crate::ingest::IngestError;
 use crate::lock::lock;
 
 /// Jobs waiting for the writer; beyond this, senders wait (back-pressure on the HTTP handlers).
@@ -175,191 +180,6 @@ fn migrate(conn: &mut Connection, from: i64) -> Result<(), rusqlite::Error> {
     tx.commit()
 }
 
-/// A store failure. Never caused by what a client sent: the server maps it to 503.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
-    #[error("the store is shut down")]
-    Closed,
-    #[error("read task failed: {0}")]
-    Join(String),
-    #[error("transaction failed: {0}")]
-    Transaction(String),
-}
-
-/// A sensor key as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KeyRecord {
-    #[serde(rename = "keyId")]
-    pub key_id: String,
-    pub org: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(rename = "createdAt")]
-    pub created_at: String,
-    #[serde(rename = "revokedAt", skip_serializing_if = "Option::is_none")]
-    pub revoked_at: Option<String>,
-}
-
-/// One event ready to insert: the stored JSON plus the columns queries filter on.
-#[derive(Debug, Clone)]
-pub struct EventRow {
-    pub id: String,
-    pub actor: String,
-    pub action: String,
-    pub class: String,
-    /// The stored event (filtered envelope plus `org`, `sensor`, `receivedAt`), serialised.
-    pub body: String,
-    /// What the aggregates take from it (applied only when the event is new).
-    pub evidence: Evidence,
-}
-
-/// The evidence fields of one stored event, for the aggregate tables.
-#[derive(Debug, Clone, Default)]
-pub struct Evidence {
-    pub host: String,
-    /// When the sensor saw it (its `ts` in UTC), else when it was received.
-    pub seen: String,
-    /// `rec.toolDef` and, for drift, `rec.prevToolDef`.
-    pub tool_defs: Vec<String>,
-    /// `err.fp`, `err.kind`, `err.code`.
-    pub error: Option<(String, String, Option<i64>)>,
-    /// `session.catalog`: tools, bytes.
-    pub catalog: Option<(Option<u64>, u64)>,
-}
-
-/// A batch ready for the writer.
-#[derive(Debug, Clone)]
-pub struct BatchWrite {
-    pub key_id: String,
-    pub org: String,
-    pub received_at: String,
-    pub rows: Vec<EventRow>,
-    /// The sensor's own `dropped` counter for this batch.
-    pub dropped: u64,
-    /// The sensor's `health` counts for this batch (zero when it sent none).
-    pub health: crate::event::health::Health,
-    pub sensor_version: Option<String>,
-    pub sensor_transport: Option<String>,
-}
-
-/// What the writer did with a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BatchOutcome {
-    /// Committed: how many rows were new and how many ids were already stored.
-    Stored { accepted: u64, duplicates: u64 },
-    /// The key was revoked (or removed) before the batch reached the writer; nothing stored.
-    KeyRevoked,
-}
-
-/// What a revocation did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RevokeOutcome {
-    Revoked,
-    AlreadyRevoked,
-    Unknown,
-}
-
-/// Filters for `GET /v1/events`.
-#[derive(Debug, Clone, Default)]
-pub struct EventQuery {
-    pub org: Option<String>,
-    pub actor: Option<String>,
-    pub action: Option<String>,
-    pub class: Option<String>,
-    pub limit: u32,
-}
-
-/// One rollup row.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Rollup {
-    pub org: String,
-    pub actor: String,
-    pub action: String,
-    pub class: String,
-    pub count: u64,
-    pub sums: Map<String, Value>,
-}
-
-/// Per-sensor counters.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SensorStats {
-    #[serde(rename = "keyId")]
-    pub key_id: String,
-    pub batches: u64,
-    pub accepted: u64,
-    /// Sum of the `dropped` counters the sensor reported: events it could not deliver.
-    pub dropped: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub transport: Option<String>,
-    #[serde(rename = "lastSeen", skip_serializing_if = "Option::is_none")]
-    pub last_seen: Option<String>,
-    /// Sums of the sensor's `health` counts.
-    pub health: crate::event::health::Health,
-}
-
-/// `GET /v1/tools`: one definition hash of one host's tool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ToolDefSeen {
-    pub def: String,
-    #[serde(rename = "firstSeen")]
-    pub first_seen: String,
-    #[serde(rename = "lastSeen")]
-    pub last_seen: String,
-    /// Sensors (keys) that saw it.
-    pub sensors: u64,
-}
-
-/// `GET /v1/tools`: one host's tool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ToolView {
-    pub org: String,
-    pub host: String,
-    pub tool: String,
-    /// Oldest first.
-    pub defs: Vec<ToolDefSeen>,
-    /// A sensor saw the definition replaced over time (two hashes, one after the other).
-    pub changed: bool,
-    /// Two sensors saw different hashes within the same hour: the server shows different
-    /// definitions to different clients.
-    pub inconsistent: bool,
-}
-
-/// `GET /v1/rollups`: one error group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ErrorGroup {
-    pub org: String,
-    pub fp: String,
-    pub tool: String,
-    pub kind: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub code: Option<i64>,
-    pub count: u64,
-    #[serde(rename = "firstSeen")]
-    pub first_seen: String,
-    #[serde(rename = "lastSeen")]
-    pub last_seen: String,
-}
-
-/// `GET /v1/rollups`: the largest catalog seen on one host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CatalogView {
-    pub org: String,
-    pub host: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tools: Option<u64>,
-    pub bytes: u64,
-    #[serde(rename = "lastSeen")]
-    pub last_seen: String,
-}
-
-/// Most error groups and catalogs listed in one rollups answer (largest first).
-pub const MAX_ROLLUP_EVIDENCE: u32 = 1000;
-
 enum Job {
     Batch(
         BatchWrite,
@@ -376,7 +196,7 @@ enum Job {
 type KeyCache = Arc<RwLock<HashMap<String, KeyRecord>>>;
 
 /// Handle on the store. Cheap to share behind an `Arc`.
-pub struct Store {
+pub struct SqliteStore {
     path: PathBuf,
     writer: Mutex<Option<mpsc::Sender<Job>>>,
     writer_thread: Mutex<Option<JoinHandle<()>>>,
@@ -506,10 +326,10 @@ fn probe(path: &Path) -> Result<Layout, IngestError> {
     }
 }
 
-impl Store {
+impl SqliteStore {
     /// Opens (creating on first start) the database at `path` and starts the writer thread.
     /// A database that is not ours, or of a newer schema, is refused untouched.
-    pub fn open(path: &Path) -> Result<Arc<Store>, IngestError> {
+    pub fn open(path: &Path) -> Result<Arc<SqliteStore>, IngestError> {
         let open_err = |source| IngestError::Store {
             path: path.to_path_buf(),
             source,
@@ -561,7 +381,7 @@ impl Store {
             .name("ingest-checkpoint".into())
             .spawn(move || checkpointer_loop(ckpt_conn, stop_rx))
             .map_err(|source| IngestError::Thread { source })?;
-        Ok(Arc::new(Store {
+        Ok(Arc::new(SqliteStore {
             path: path.to_path_buf(),
             writer: Mutex::new(Some(tx)),
             writer_thread: Mutex::new(Some(thread)),
@@ -925,6 +745,57 @@ impl Store {
     }
 }
 
+impl Store for SqliteStore {
+    // From memory: this process is the only writer of the file, and keeps the map current.
+    fn key(&self, key_id: String) -> StoreFuture<'_, Option<KeyRecord>> {
+        Box::pin(std::future::ready(Ok(SqliteStore::key(self, &key_id))))
+    }
+    fn key_records(&self) -> StoreFuture<'_, Vec<KeyRecord>> {
+        Box::pin(std::future::ready(Ok(SqliteStore::key_records(self))))
+    }
+    fn write_batch(&self, batch: BatchWrite) -> StoreFuture<'_, BatchOutcome> {
+        Box::pin(SqliteStore::write_batch(self, batch))
+    }
+    fn mint(&self, key: KeyRecord) -> StoreFuture<'_, ()> {
+        Box::pin(SqliteStore::mint(self, key))
+    }
+    fn revoke(&self, key_id: String, at: String) -> StoreFuture<'_, RevokeOutcome> {
+        Box::pin(SqliteStore::revoke(self, key_id, at))
+    }
+    fn events(&self, q: EventQuery) -> StoreFuture<'_, Vec<Value>> {
+        Box::pin(SqliteStore::events(self, q))
+    }
+    fn events_after(&self, after: Option<i64>, limit: u32) -> StoreFuture<'_, Vec<(i64, String)>> {
+        Box::pin(SqliteStore::events_after(self, after, limit))
+    }
+    fn events_received_since(
+        &self,
+        since: String,
+        org: Option<String>,
+        limit: u32,
+    ) -> StoreFuture<'_, Vec<Value>> {
+        Box::pin(SqliteStore::events_received_since(self, since, org, limit))
+    }
+    fn rollups(&self, org: Option<String>) -> StoreFuture<'_, Vec<Rollup>> {
+        Box::pin(SqliteStore::rollups(self, org))
+    }
+    fn sensors(&self) -> StoreFuture<'_, Vec<SensorStats>> {
+        Box::pin(SqliteStore::sensors(self))
+    }
+    fn tools(&self, org: Option<String>) -> StoreFuture<'_, Vec<ToolView>> {
+        Box::pin(SqliteStore::tools(self, org))
+    }
+    fn evidence_rollups(
+        &self,
+        org: Option<String>,
+    ) -> StoreFuture<'_, (Vec<ErrorGroup>, Vec<CatalogView>)> {
+        Box::pin(SqliteStore::evidence_rollups(self, org))
+    }
+    fn close(&self) -> futures_util::future::BoxFuture<'_, ()> {
+        Box::pin(SqliteStore::close(self))
+    }
+}
+
 /// A counter column as a `u64`. Written saturating, so always an integer; a REAL left by a
 /// database written before counters saturated is read as its value, capped, so that one row
 /// cannot make the whole sensors view fail.
@@ -1251,8 +1122,8 @@ mod tests {
         }
     }
 
-    async fn open_with_key(dir: &Path) -> Arc<Store> {
-        let store = Store::open(&dir.join("t.db")).expect("open");
+    async fn open_with_key(dir: &Path) -> Arc<SqliteStore> {
+        let store = SqliteStore::open(&dir.join("t.db")).expect("open");
         store
             .mint(KeyRecord {
                 key_id: "k_1".into(),
@@ -1336,7 +1207,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("rt");
-        let store = Store::open(db).expect("open");
+        let store = SqliteStore::open(db).expect("open");
         rt.block_on(store.close());
     }
 
