@@ -84,11 +84,14 @@ pub fn restore_thread(tid: i32) -> bool {
 
 /// Most CPU time the observer's thread spends in one stretch, on a CPU it shares with the relay
 /// while traffic flows, before it rests. A relay thread that becomes runnable while the observer
-/// has the CPU waits at most about this long.
-pub const PACE_SLICE: Duration = Duration::from_micros(50);
+/// has the CPU waits at most about this long. Each stretch may delay one sequential call, so
+/// the share of calls delayed is about the observer's CPU per call over this slice: at 50 µs
+/// and ~0.8 µs per call more than 1 % were, and sequential p99 was the slice itself
+/// (`bench/README.md`, "Pacing the observer").
+pub const PACE_SLICE: Duration = Duration::from_micros(200);
 
 /// How long the observer's thread rests after a full slice while traffic flows. With
-/// [`PACE_SLICE`] it bounds the observer to about 5 % of a busy shared CPU.
+/// [`PACE_SLICE`] it bounds the observer to about a sixth of a busy shared CPU.
 pub const PACE_REST: Duration = Duration::from_millis(1);
 
 /// How long after the observer last saw the relay hand over new chunks it still yields after

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Regenerates link/hot-text.ld: the functions a typical session runs, placed together.
+
+    python3 bench/hot_text.py [-o link/hot-text.ld] <bounded-observe-mcp>...
+
+Runs the typical session of bench/stdio.rs (the official Python SDK client, tests/python, making
+50 `echo` calls to server-everything, tests/node) through each given wrapper under valgrind's
+callgrind, four ways: unobserved, a `file:` sink, a loopback ingest, and OTLP to a loopback
+receiver (both a thread here answering 200 to every POST). Every function of the wrapper that ran
+becomes a line of the linker script, in that order (start-up and relay first), with its hash
+replaced by a wildcard, so that the script survives a new compiler or a small change elsewhere.
+Give it both release builds: `cargo build --release`'s and `cargo bench`'s (the benchmark's
+dev-dependencies change the features of tokio and so every symbol's hash). Needs valgrind, the
+venv and node packages scripts/test-deps.sh installs. Why this exists and what it saved:
+bench/README.md, "Code layout".
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CALLS = 50
+
+
+class Answer200(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def session(wrapper: str, args: list[str], out: Path) -> None:
+    """One typical session through `valgrind wrapper args`, callgrind's record written to `out`."""
+    node = shutil.which("node") or "node"
+    everything = ROOT / "tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+    argv = [
+        "valgrind", "--tool=callgrind", "--demangle=no", "--dump-instr=no",
+        f"--callgrind-out-file={out}", wrapper, *args, "--", node, str(everything), "stdio",
+    ]
+    client = subprocess.Popen(
+        [str(ROOT / "tests/python/.venv/bin/python"), "mcp_client.py", "stdio-session", str(CALLS),
+         "--", *argv],
+        cwd=ROOT / "tests/python", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )
+    assert client.stdin and client.stdout
+    first = json.loads(client.stdout.readline())
+    if not first.get("pid"):
+        sys.exit(f"the session through {args} made no calls")
+    client.stdin.write("go\n")
+    client.stdin.flush()
+    client.communicate(timeout=120)
+    if not out.exists():
+        sys.exit(f"no callgrind record for {args}")
+
+
+def functions(record: Path, wrapper: str) -> list[str]:
+    """The wrapper's functions that ran, in the order the record names them."""
+    objects: dict[str, str] = {}
+    names: dict[str, str] = {}
+    obj = None
+    seen: dict[str, None] = {}
+    for line in record.read_text().splitlines():
+        m = re.match(r"(c?ob|c?fn)=\((\d+)\)(?: (.*))?", line)
+        if not m:
+            continue
+        kind, key, name = m.groups()
+        table = objects if kind.endswith("ob") else names
+        if name is not None:
+            table[key] = name
+        if kind == "ob":
+            obj = objects.get(key)
+        elif kind == "fn" and obj in (wrapper, "???"):
+            # `???`: callgrind names no object for code outside the section called `.text`.
+            seen.setdefault(re.sub(r"'\d+$", "", names[key]), None)
+    return list(seen)
+
+
+def symbols(wrapper: str) -> set[str]:
+    out = subprocess.run(["nm", "--defined-only", wrapper], capture_output=True, text=True, check=True)
+    return {p[2] for p in (line.split() for line in out.stdout.splitlines()) if len(p) == 3}
+
+
+def pattern(name: str) -> str:
+    """A symbol as a section-name pattern that the next build still matches."""
+    name = re.sub(r"17h[0-9a-f]{16}E$", "17h*E", name)  # legacy mangling: the hash
+    name = re.sub(r"Cs[0-9A-Za-z]+_(?=\d)", "Cs*_", name)  # v0 mangling: crate disambiguators
+    return re.sub(r"\.\d+$", ".*", name)  # LLVM's suffix on a local symbol
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    dest = ROOT / "link/hot-text.ld"
+    if len(args) >= 2 and args[0] == "-o":
+        dest, args = Path(args[1]), args[2:]
+    if not args:
+        sys.exit(__doc__)
+    wrappers = [str(Path(a).resolve()) for a in args]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer200)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    # A pattern that names one function is its line. Where it names several (instances of one
+    # generic function), each instance that ran gets a line of its own and the pattern follows
+    # every such line, so the instances that did not run stay after every function that did.
+    lines: dict[str, None] = {}
+    after: dict[str, None] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ways = [
+            ("unobserved", []),
+            ("file sink", ["--ingest", f"file:{tmp}/events.jsonl"]),
+            ("loopback ingest", ["--token", "obs1.bench.c2ln", "--ingest", url]),
+            ("OTLP", ["--otlp-endpoint", url]),
+        ]
+        known = {w: symbols(w) for w in wrappers}
+        instances: dict[str, dict[str, int]] = {}
+        for w in wrappers:
+            counts = instances.setdefault(w, {})
+            for name in known[w]:
+                counts[pattern(name)] = counts.get(pattern(name), 0) + 1
+        for i, (label, way) in enumerate(ways):
+            for j, w in enumerate(wrappers):
+                record = Path(tmp) / f"callgrind.{i}.{j}"
+                session(w, way, record)
+                ran = [f for f in functions(record, w) if f in known[w]]
+                new = 0
+                for name in ran:
+                    p = pattern(name)
+                    several = instances[w][p] > 1
+                    if several:
+                        after.setdefault(p, None)
+                    line = name if several else p
+                    if line not in lines:
+                        lines[line] = None
+                        new += 1
+                print(f"{label}, {w}: {len(ran)} functions ran, {new} new", file=sys.stderr)
+    server.shutdown()
+    lines.update(after)
+    # `.text.*`: the section of a function LLVM deems cold is `.text.unlikely.<symbol>`.
+    body = "".join(f"    *(.text.*{p})\n" for p in lines)
+    dest.write_text(
+        "/* Generated by bench/hot_text.py from a typical session; do not edit by hand.\n"
+        "   The functions the wrapper runs in a session, first in its machine code: see build.rs. */\n"
+        "SECTIONS {\n  .text.hot : {\n" + body + "  }\n} INSERT BEFORE .text;\n"
+    )
+    print(f"{dest}: {len(lines)} patterns", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
