@@ -6,7 +6,9 @@
 //! of it resident; packed together, 1.3 MB (`bench/README.md`, "Code layout"). A session's
 //! resident set is what a client spawning a server per session pays each time.
 //!
-//! Only on Linux, for the `bounded-observe-mcp` binary, and only as a linker script that lld and
+//! Only on x86_64 Linux, where the list was made and measured (the aarch64 release is built with a
+//! cross GNU ld and keeps the linker's order), for the `bounded-observe-mcp` binary, and only as a
+//! linker script that lld and
 //! GNU ld both read (`INSERT BEFORE .text`); gold and mold do not, so with either of them in the
 //! `RUSTFLAGS`, or `BOUNDED_BUILD_HOT_TEXT=0` in the environment, the script is left out and the
 //! code keeps the linker's order. It never changes what the code does: a pattern that matches
@@ -23,7 +25,8 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=link/hot-text.ld");
     println!("cargo:rerun-if-env-changed=BOUNDED_BUILD_HOT_TEXT");
-    let linux = env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
+    let linux = env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux")
+        && env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|arch| arch == "x86_64");
     let off = env::var("BOUNDED_BUILD_HOT_TEXT").is_ok_and(|v| v == "0");
     let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
     let other_linker = OTHER_LINKERS.iter().any(|l| flags.contains(l));
