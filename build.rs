@@ -8,10 +8,9 @@
 //!
 //! Only on x86_64 Linux, where the list was made and measured (the aarch64 release is built with a
 //! cross GNU ld and keeps the linker's order), for the `bounded-observe-mcp` binary, and only as a
-//! linker script that lld and
-//! GNU ld both read (`INSERT BEFORE .text`); gold and mold do not, so with either of them in the
-//! `RUSTFLAGS`, or `BOUNDED_BUILD_HOT_TEXT=0` in the environment, the script is left out and the
-//! code keeps the linker's order. It never changes what the code does: a pattern that matches
+//! linker script that lld and GNU ld both read (`INSERT BEFORE .text`); gold and mold do not, so
+//! with either of them in the `RUSTFLAGS`, or `BOUNDED_BUILD_HOT_TEXT=0` in the environment, the
+//! script is left out and the code keeps the linker's order. It never changes what the code does: a pattern that matches
 //! nothing (a function renamed since the script was generated) only leaves that function where
 //! the linker would have put it.
 
