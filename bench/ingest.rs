@@ -62,6 +62,7 @@ fn batch_body(sender: usize, batch: usize) -> Vec<u8> {
                     "rail": "mcp",
                     "action": if refund { "issue_refund" } else { "lookup_order" },
                     "registryVersion": "3f9a1c2b7d4e5f60",
+                    "toolDef": if refund { "9c1e5a7b3d2f4e60" } else { "5b7d9f1a3c2e4d68" },
                     "fields": if refund {
                         json!({ "amount_cents": 4900 + i as u64, "currency": "EUR", "reason": "damaged" })
                     } else {
@@ -76,7 +77,7 @@ fn batch_body(sender: usize, batch: usize) -> Vec<u8> {
                 "session": { "id": session_id(sender), "protocol": "2025-06-18", "client": "claude-code" },
             });
             if failed {
-                e["err"] = json!({ "kind": "tool" });
+                e["err"] = json!({ "kind": "tool", "fp": "7e3a9c1b5d2f4a60" });
             }
             e
         })
@@ -129,6 +130,13 @@ fn main() {
     };
     if std::env::args().any(|a| a == "--hostile") {
         if let Err(e) = rt.block_on(hostile::run()) {
+            eprintln!("ingest bench: FAILED: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if std::env::args().any(|a| a == "--pg-store") {
+        if let Err(e) = rt.block_on(pg::store_level(senders, batches)) {
             eprintln!("ingest bench: FAILED: {e}");
             std::process::exit(1);
         }
@@ -276,6 +284,212 @@ async fn run(senders: usize, batches: usize, measuring: bool) -> Result<(), Stri
         return Err(format!("{rows} rows stored, {expected_rows} accepted"));
     }
     Ok(())
+}
+
+#[path = "../tests/pg_support/mod.rs"]
+mod pg_support;
+
+/// The PostgreSQL rows: a durable cluster made as the tests make theirs (tests/pg_support), with
+/// `fsync=on` and `synchronous_commit=on`.
+mod pg {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bounded_observe_mcp::ingest::store::postgres::{PgConnect, PgStore};
+    use bounded_observe_mcp::ingest::store::{
+        BatchOutcome, BatchWrite, EventRow, Evidence, KeyRecord, Store,
+    };
+
+    use super::pg_support::PgCluster;
+    use super::{batch_body, load, percentile, BATCH_EVENTS, WARMUP_BATCHES};
+
+    /// The rows the server would hand the store for [`batch_body`]: each event with `org`,
+    /// `sensor` and `receivedAt` added, and its evidence fields.
+    fn batch_write(sender: usize, batch: usize, key_id: &str) -> Result<BatchWrite, String> {
+        let body: serde_json::Value =
+            serde_json::from_slice(&batch_body(sender, batch)).map_err(|e| e.to_string())?;
+        let received_at = "2026-12-01T02:00:00.000Z".to_string();
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        let rows = body["events"]
+            .as_array()
+            .ok_or("no events")?
+            .iter()
+            .map(|e| {
+                let mut m = e.clone();
+                m["org"] = "bench".into();
+                m["sensor"] = key_id.into();
+                m["receivedAt"] = received_at.clone().into();
+                EventRow {
+                    id: text(&e["id"]),
+                    actor: text(&e["actor"]["id"]),
+                    action: text(&e["rec"]["action"]),
+                    class: text(&e["class"]),
+                    body: m.to_string(),
+                    evidence: Evidence {
+                        host: text(&e["dest"]["host"]),
+                        seen: text(&e["ts"]),
+                        tool_defs: vec![text(&e["rec"]["toolDef"])],
+                        error: e["err"]["fp"]
+                            .as_str()
+                            .map(|fp| (fp.to_owned(), "tool".to_owned(), None)),
+                        catalog: None,
+                    },
+                }
+            })
+            .collect();
+        Ok(BatchWrite {
+            key_id: key_id.into(),
+            org: "bench".into(),
+            received_at,
+            rows,
+            dropped: 0,
+            health: Default::default(),
+            sensor_version: Some("0.1.0".into()),
+            sensor_transport: Some("stdio".into()),
+        })
+    }
+
+    /// Store level (no HTTP, no parsing): `senders` writers per store, one and two stores
+    /// (replicas) over one durable database.
+    pub async fn store_level(senders: usize, batches: usize) -> Result<(), String> {
+        let pg = tokio::task::spawn_blocking(PgCluster::start_durable)
+            .await
+            .map_err(|e| e.to_string())?;
+        for replicas in [1usize, 2] {
+            let name = format!("store_{replicas}");
+            let url = {
+                let pg = &pg;
+                pg.create_database(&name)
+            };
+            let connect = PgConnect::new(&url, &[]).map_err(|e| e.to_string())?;
+            let mut stores: Vec<Arc<PgStore>> = Vec::new();
+            for _ in 0..replicas {
+                stores.push(PgStore::open(&connect).await.map_err(|e| e.to_string())?);
+            }
+            let mut work = Vec::new();
+            for s in 0..senders * replicas {
+                let key_id = format!("k_bench{s}");
+                stores[0]
+                    .mint(KeyRecord {
+                        key_id: key_id.clone(),
+                        org: "bench".into(),
+                        name: None,
+                        created_at: "2026-12-01T00:00:00.000Z".into(),
+                        revoked_at: None,
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let writes = (0..WARMUP_BATCHES + batches)
+                    .map(|b| batch_write(s, b, &key_id))
+                    .collect::<Result<Vec<_>, _>>()?;
+                work.push((stores[s % replicas].clone(), writes));
+            }
+            let gate = Arc::new(tokio::sync::Barrier::new(work.len() + 1));
+            let tasks: Vec<_> = work
+                .into_iter()
+                .map(|(store, writes)| {
+                    let gate = gate.clone();
+                    tokio::spawn(async move {
+                        let mut writes = writes.into_iter();
+                        for w in writes.by_ref().take(WARMUP_BATCHES) {
+                            store.write_batch(w).await.map_err(|e| e.to_string())?;
+                        }
+                        gate.wait().await;
+                        let mut lat = Vec::new();
+                        let mut accepted = 0;
+                        for w in writes {
+                            let t = Instant::now();
+                            match store.write_batch(w).await.map_err(|e| e.to_string())? {
+                                BatchOutcome::Stored { accepted: a, .. } => accepted += a,
+                                BatchOutcome::KeyRevoked => return Err("revoked".to_string()),
+                            }
+                            lat.push(t.elapsed());
+                        }
+                        Ok::<_, String>((lat, accepted))
+                    })
+                })
+                .collect();
+            let postmaster = pg.postmaster_pid();
+            gate.wait().await;
+            let t0 = Instant::now();
+            let (own0, pg0) = (super::process_cpu(), super::server_cpu(postmaster));
+            let mut lat: Vec<Duration> = Vec::new();
+            let mut accepted = 0u64;
+            for t in tasks {
+                let (l, a) = t.await.map_err(|e| e.to_string())??;
+                lat.extend(l);
+                accepted += a;
+            }
+            let wall = t0.elapsed();
+            let own = super::process_cpu().zip(own0).map_or(Duration::ZERO, |(a, b)| a.saturating_sub(b));
+            let server = super::server_cpu(postmaster).saturating_sub(pg0);
+            lat.sort();
+            for s in &stores {
+                s.close().await;
+            }
+            let rows = pg.psql(&name, "SELECT count(*) FROM events");
+            println!(
+                "  pg store level, {replicas} replica(s) x {senders} writers x {batches} batches x {BATCH_EVENTS}: \
+                 {:.0} events/s, write p50 {:.1} ms p99 {:.1} ms, {rows} rows, load {}; \
+                 CPU per event: store {:.1} us, PostgreSQL {:.1} us",
+                accepted as f64 / wall.as_secs_f64(),
+                percentile(&lat, 0.5).as_secs_f64() * 1e3,
+                percentile(&lat, 0.99).as_secs_f64() * 1e3,
+                load(),
+                own.as_secs_f64() * 1e6 / accepted.max(1) as f64,
+                server.as_secs_f64() * 1e6 / accepted.max(1) as f64,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// CPU time used so far by process `pid` (utime + stime), from `/proc/<pid>/stat`.
+fn pid_cpu(pid: u32) -> Option<Duration> {
+    const USER_HZ: u64 = 100;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 1000 / USER_HZ))
+}
+
+/// CPU time used so far by the PostgreSQL server whose postmaster is `postmaster` and by its
+/// backends, including the ones that have exited (`cutime`/`cstime` of the postmaster).
+fn server_cpu(postmaster: u32) -> Duration {
+    const USER_HZ: u64 = 100;
+    let mut total = Duration::ZERO;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return total;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ppid = f.get(1).and_then(|p| p.parse::<u32>().ok());
+        if pid != postmaster && ppid != Some(postmaster) {
+            continue;
+        }
+        // utime, stime, and for the postmaster its reaped children's cutime, cstime.
+        let fields = if pid == postmaster { 11..15 } else { 11..13 };
+        let ticks: u64 = fields
+            .filter_map(|i| f.get(i).and_then(|t| t.parse::<u64>().ok()))
+            .sum();
+        total += Duration::from_millis(ticks * 1000 / USER_HZ);
+    }
+    total
+}
+
+/// The 1-minute load average (other work on the machine shares the cores with a run).
+fn load() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace().next().unwrap_or("?").to_string()
 }
 
 /// Peak memory of the ingest under hostile bodies (issue 14): what one key holder can make it
