@@ -1,20 +1,30 @@
 //! `bounded-ingest`: the reference ingest (DESIGN §7).
 //!
-//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db] [--tls-cert PEM --tls-key PEM]
-//!   [--max-connections 1024]` runs the ingest until SIGINT or SIGTERM. It prints
-//!   `[bounded-ingest] listening http://<addr>` (`https://` with TLS) on stderr once bound (with
-//!   `--listen 127.0.0.1:0`, that line tells the chosen port). On a non-loopback `--listen` it
-//!   refuses plain HTTP (exit 2) unless `--insecure-plain-http` is given.
+//! * `serve [--listen 127.0.0.1:7361] [--db bounded-ingest.db | --db postgres://…]
+//!   [--tls-cert PEM --tls-key PEM] [--max-connections 1024]` runs the ingest until SIGINT or
+//!   SIGTERM. It prints `[bounded-ingest] listening http://<addr>` (`https://` with TLS) on
+//!   stderr once bound (with `--listen 127.0.0.1:0`, that line tells the chosen port). On a
+//!   non-loopback `--listen` it refuses plain HTTP (exit 2) unless `--insecure-plain-http` is
+//!   given. A `postgres://` (or `postgresql://`) `--db` selects the PostgreSQL store, which
+//!   replicas share; anything else is a SQLite file.
 //! * `mint --org ORG [--name N]` prints the new sensor token on stdout (key id on stderr), or
 //!   the whole answer as JSON with `--json`.
 //! * `revoke KEY_ID` revokes a key.
+//! * `secret signing|admin` prints a fresh secret, for replicas that must be given theirs.
+//!
+//! Secrets: each one is `--<name>-file`, else `BOUNDED_INGEST_<NAME>`, else
+//! `BOUNDED_INGEST_<NAME>_FILE`, else (SQLite only) the file beside the database, generated on
+//! first start. With PostgreSQL, `serve` refuses to start without both: replicas must share
+//! them, and a secret generated per replica would make them refuse each other's tokens.
 //!
 //! `mint` and `revoke` are thin clients of the admin API at `--ingest` / `BOUNDED_INGEST_BASE`,
-//! authenticated with `BOUNDED_INGEST_ADMIN_SECRET`, else with the `<db>.admin-secret` file that
-//! `serve` generated beside the database (found through `--db` / `BOUNDED_INGEST_DB`). An
-//! `https://` ingest with a certificate from a private CA needs `--ingest-ca` /
-//! `BOUNDED_INGEST_CA` (the same option as the sensor's). They never use a proxy from the
-//! environment and never follow a redirect (see `http_client`).
+//! authenticated with the admin secret found as above (beside a SQLite `--db` /
+//! `BOUNDED_INGEST_DB`; they never open the database). An `https://` ingest with a certificate
+//! from a private CA needs `--ingest-ca` / `BOUNDED_INGEST_CA` (the same option as the
+//! sensor's). They never use a proxy from the environment and never follow a redirect (see
+//! `http_client`).
+//!
+//! A database URL's password is never printed: not in `--help`, errors, logs or `Debug`.
 //!
 //! Exit codes: 0 success, 1 failure (cannot start, ingest unreachable or refused), 2 usage
 //! (including plain HTTP asked for off loopback).
@@ -27,10 +37,12 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use bounded_observe_mcp::config::ENV_INGEST_CA;
+use bounded_observe_mcp::ingest::keys::SecretSetting;
+use bounded_observe_mcp::ingest::store::postgres::PgConnect;
 use bounded_observe_mcp::ingest::{
     self, keys, AdminClient, AdminSecretSource, IngestConfig, IngestError, TlsFiles,
-    DEFAULT_DB_PATH, DEFAULT_LISTEN, ENV_ADMIN_SECRET, ENV_DB, ENV_INGEST_BASE, ENV_LISTEN,
-    ENV_MAX_CONNECTIONS,
+    DEFAULT_DB_PATH, DEFAULT_LISTEN, ENV_ADMIN_SECRET, ENV_ADMIN_SECRET_FILE, ENV_DB, ENV_DB_CA,
+    ENV_INGEST_BASE, ENV_LISTEN, ENV_MAX_CONNECTIONS, ENV_SIGNING_SECRET, ENV_SIGNING_SECRET_FILE,
 };
 
 /// Prefix of every diagnostic line.
@@ -65,9 +77,18 @@ enum Command {
         /// Serve plain HTTP on a non-loopback --listen: only when a proxy in front terminates TLS (tokens, the admin secret and events cross the network otherwise in clear text)
         #[arg(long, conflicts_with = "tls_cert")]
         insecure_plain_http: bool,
-        /// SQLite database file, created on first start; secrets are kept beside it [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
+        /// SQLite database file, created on first start, with the secrets generated beside it; or a postgres://user:password@host/db URL (sslmode, sslrootcert), shared by replicas, which then need both secrets given. Prefer the environment variable for a URL: a command line is visible to every local user [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
+        #[arg(long, value_name = "PATH|URL", value_parser = parse_db)]
+        db: Option<DbArg>,
+        /// PEM file of a private CA to trust for TLS to PostgreSQL, besides the webpki roots (as sslrootcert in the URL) [env: BOUNDED_INGEST_DB_CA]
+        #[arg(long, value_name = "PEM")]
+        db_ca: Option<PathBuf>,
+        /// File holding the token signing secret (32 bytes, base64; `bounded-ingest secret signing` makes one), shared by every replica; read, never created [env: BOUNDED_INGEST_SIGNING_SECRET, or a file in BOUNDED_INGEST_SIGNING_SECRET_FILE] [default with SQLite: <db>.signing-key, generated]
         #[arg(long, value_name = "PATH")]
-        db: Option<PathBuf>,
+        signing_secret_file: Option<PathBuf>,
+        /// File holding the admin secret (16 characters or more), shared by every replica; read, never created [env: BOUNDED_INGEST_ADMIN_SECRET, or a file in BOUNDED_INGEST_ADMIN_SECRET_FILE] [default with SQLite: <db>.admin-secret, generated]
+        #[arg(long, value_name = "PATH")]
+        admin_secret_file: Option<PathBuf>,
         /// Most connections open at once; one more is closed as soon as it is accepted [env: BOUNDED_INGEST_MAX_CONNECTIONS] [default: 1024]
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         max_connections: Option<u32>,
@@ -96,6 +117,46 @@ enum Command {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Print a fresh secret on stdout, to give every replica of a PostgreSQL deployment
+    Secret {
+        /// Which secret: `signing` (32 random bytes, base64url) or `admin` (`adm_…`)
+        #[arg(value_enum)]
+        kind: SecretKind,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SecretKind {
+    Signing,
+    Admin,
+}
+
+/// `--db`: a SQLite file or a PostgreSQL URL. The URL's `Debug` hides it (it holds the password).
+#[derive(Clone)]
+enum DbArg {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl std::fmt::Debug for DbArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DbArg::Sqlite(p) => f.debug_tuple("Sqlite").field(p).finish(),
+            DbArg::Postgres(_) => f.write_str("Postgres(<redacted>)"),
+        }
+    }
+}
+
+/// Never fails: clap quotes the value of a failed parse, and this value may hold a password.
+fn parse_db(s: &str) -> Result<DbArg, std::convert::Infallible> {
+    let lower = s.get(..13).unwrap_or(s).to_ascii_lowercase();
+    Ok(
+        if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+            DbArg::Postgres(s.to_string())
+        } else {
+            DbArg::Sqlite(PathBuf::from(s))
+        },
+    )
 }
 
 #[derive(Debug, clap::Args)]
@@ -103,9 +164,12 @@ struct AdminArgs {
     /// Ingest base URL [env: BOUNDED_INGEST_BASE] [default: http://127.0.0.1:7361]
     #[arg(long, value_name = "URL")]
     ingest: Option<String>,
-    /// Database whose `<db>.admin-secret` file is read when BOUNDED_INGEST_ADMIN_SECRET is unset [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
+    /// File holding the admin secret [env: BOUNDED_INGEST_ADMIN_SECRET, or a file in BOUNDED_INGEST_ADMIN_SECRET_FILE]
     #[arg(long, value_name = "PATH")]
-    db: Option<PathBuf>,
+    admin_secret_file: Option<PathBuf>,
+    /// SQLite database whose `<db>.admin-secret` file is read when no admin secret is given (never opened; with a postgres:// URL the secret must be given) [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
+    #[arg(long, value_name = "PATH|URL", value_parser = parse_db)]
+    db: Option<DbArg>,
     /// PEM file of a private CA to trust for an https:// ingest, besides the system's roots [env: BOUNDED_INGEST_CA]
     #[arg(long, value_name = "PATH")]
     ingest_ca: Option<PathBuf>,
@@ -117,27 +181,54 @@ fn flag_or_env(flag: Option<String>, env: &str, default: &str) -> String {
         .unwrap_or_else(|| default.to_string())
 }
 
-fn db_path(flag: Option<PathBuf>) -> PathBuf {
-    flag.unwrap_or_else(|| PathBuf::from(flag_or_env(None, ENV_DB, DEFAULT_DB_PATH)))
+fn db_arg(flag: Option<DbArg>) -> DbArg {
+    flag.unwrap_or_else(
+        || match parse_db(&flag_or_env(None, ENV_DB, DEFAULT_DB_PATH)) {
+            Ok(db) => db,
+            Err(never) => match never {},
+        },
+    )
+}
+
+fn env_nonempty(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A secret as the operator gave it: the `--…-file` flag, else the variable holding its value,
+/// else the variable naming its file.
+fn secret_setting(flag: Option<PathBuf>, value_env: &str, file_env: &str) -> Option<SecretSetting> {
+    flag.map(SecretSetting::File)
+        .or_else(|| env_nonempty(value_env).map(SecretSetting::Value))
+        .or_else(|| env_nonempty(file_env).map(|p| SecretSetting::File(PathBuf::from(p))))
 }
 
 impl AdminArgs {
     fn client(&self) -> anyhow::Result<AdminClient> {
         let base = flag_or_env(self.ingest.clone(), ENV_INGEST_BASE, DEFAULT_INGEST_BASE);
-        let db = db_path(self.db.clone());
-        let secret = match std::env::var(ENV_ADMIN_SECRET) {
-            Ok(s) if !s.trim().is_empty() => s.trim().to_string(),
-            _ => {
+        let given = secret_setting(
+            self.admin_secret_file.clone(),
+            ENV_ADMIN_SECRET,
+            ENV_ADMIN_SECRET_FILE,
+        );
+        let secret = match (given, db_arg(self.db.clone())) {
+            (Some(SecretSetting::Value(v)), _) => v.trim().to_string(),
+            (Some(SecretSetting::File(path)), _) => std::fs::read_to_string(&path)
+                .map(|s| s.trim().to_string())
+                .with_context(|| format!("admin secret file {}", path.display()))?,
+            (None, DbArg::Sqlite(db)) => {
                 let path = keys::admin_secret_path(&db);
                 std::fs::read_to_string(&path)
                     .map(|s| s.trim().to_string())
                     .with_context(|| {
                         format!(
-                            "no admin secret: set {ENV_ADMIN_SECRET}, or run from where `serve` keeps {}",
+                            "no admin secret: set {ENV_ADMIN_SECRET} or --admin-secret-file, or run from where `serve` keeps {}",
                             path.display()
                         )
                     })?
             }
+            (None, DbArg::Postgres(_)) => anyhow::bail!(
+                "no admin secret: with a PostgreSQL database, set {ENV_ADMIN_SECRET} or --admin-secret-file (the one the replicas are given)"
+            ),
         };
         let ca = self.ingest_ca.clone().or_else(|| {
             std::env::var_os(ENV_INGEST_CA)
@@ -196,6 +287,9 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Serve {
             listen,
             db,
+            db_ca,
+            signing_secret_file,
+            admin_secret_file,
             max_connections,
             tls_cert,
             tls_key,
@@ -229,14 +323,34 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
                 (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
                 _ => None,
             };
-            serve(
-                listen,
-                db_path(db),
-                tls,
-                insecure_plain_http,
-                max_connections,
-            )
-            .await
+            let mut cfg = match db_arg(db) {
+                DbArg::Sqlite(path) => IngestConfig::new(listen, path),
+                DbArg::Postgres(url) => {
+                    let ca = db_ca.or_else(|| env_nonempty(ENV_DB_CA).map(PathBuf::from));
+                    let roots = match ca {
+                        Some(path) => bounded_observe_mcp::http_client::load_ca_file(&path)
+                            .context("database CA (--db-ca / BOUNDED_INGEST_DB_CA)")?,
+                        None => Vec::new(),
+                    };
+                    let mut cfg = IngestConfig::new(listen, PathBuf::new());
+                    cfg.postgres = Some(PgConnect::new(&url, &roots)?);
+                    cfg
+                }
+            };
+            cfg.tls = tls;
+            cfg.insecure_plain_http = insecure_plain_http;
+            cfg.limits.max_connections = max_connections;
+            cfg.signing_secret = secret_setting(
+                signing_secret_file,
+                ENV_SIGNING_SECRET,
+                ENV_SIGNING_SECRET_FILE,
+            );
+            match secret_setting(admin_secret_file, ENV_ADMIN_SECRET, ENV_ADMIN_SECRET_FILE) {
+                Some(SecretSetting::Value(v)) => cfg.admin_secret = Some(v),
+                Some(SecretSetting::File(p)) => cfg.admin_secret_file = Some(p),
+                None => {}
+            }
+            serve(cfg).await
         }
         Command::Mint {
             org,
@@ -263,27 +377,32 @@ async fn run(cmd: Command) -> anyhow::Result<()> {
             eprintln!("{PREFIX} revoked key {key_id}");
             Ok(())
         }
+        Command::Secret { kind } => {
+            let secret = match kind {
+                SecretKind::Signing => keys::new_signing_secret_text()?,
+                SecretKind::Admin => keys::new_admin_secret_text()?,
+            };
+            println!("{secret}");
+            Ok(())
+        }
     }
 }
 
-async fn serve(
-    listen: SocketAddr,
-    db: PathBuf,
-    tls: Option<TlsFiles>,
-    insecure_plain_http: bool,
-    max_connections: usize,
-) -> anyhow::Result<()> {
-    let mut cfg = IngestConfig::new(listen, &db);
-    cfg.tls = tls;
-    cfg.insecure_plain_http = insecure_plain_http;
-    cfg.limits.max_connections = max_connections;
-    cfg.admin_secret = std::env::var(ENV_ADMIN_SECRET)
-        .ok()
-        .filter(|s| !s.trim().is_empty());
+async fn serve(cfg: IngestConfig) -> anyhow::Result<()> {
+    let db = cfg.db_path.clone();
+    let store = match &cfg.postgres {
+        Some(pg) => format!("Database {} (PostgreSQL)", pg.target()),
+        None => format!("Database {} (WAL, synchronous=FULL)", db.display()),
+    };
+    let signing = match &cfg.signing_secret {
+        Some(SecretSetting::File(p)) => format!("signing key from {}", p.display()),
+        Some(SecretSetting::Value(_)) => format!("signing key from {ENV_SIGNING_SECRET}"),
+        None => format!("signing key {}", keys::signing_secret_path(&db).display()),
+    };
     let running = ingest::start(cfg).await?;
     match running.admin_secret_source() {
         AdminSecretSource::Provided => {
-            tracing::info!("Admin secret from {ENV_ADMIN_SECRET}");
+            tracing::info!("Admin secret given");
         }
         AdminSecretSource::File { path, created } => {
             let verb = if *created {
@@ -297,11 +416,7 @@ async fn serve(
             );
         }
     }
-    tracing::info!(
-        "Database {} (WAL, synchronous=FULL); signing key {}",
-        db.display(),
-        keys::signing_secret_path(&db).display()
-    );
+    tracing::info!("{store}; {signing}");
     // The handlers go in before the line scripts and tests wait for (keep its shape): a SIGTERM
     // sent as soon as it shows must stop the ingest cleanly, not kill it outright.
     let stop = stop_signal();

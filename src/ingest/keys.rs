@@ -1,7 +1,8 @@
 //! Sensor keys and the admin secret (DESIGN §6): minting, signing and constant-time checks.
 //!
-//! Owns the ingest's signing secret (32 random bytes, persisted beside the database so tokens
-//! survive a restart), the token signature `base64url(HMAC-SHA256(secret, "obs1.<keyId>"))`, and
+//! Owns the ingest's signing secret (32 random bytes; with SQLite persisted beside the database
+//! so tokens survive a restart, with PostgreSQL given to every replica, see [`SecretSetting`]),
+//! the token signature `base64url(HMAC-SHA256(secret, "obs1.<keyId>"))`, and
 //! the admin secret check. Goes in: a parsed [`SensorToken`] or a presented admin secret. Comes
 //! out: yes or no. It never compares a secret with `==` (every check is `ring::hmac::verify`,
 //! constant time), never logs a secret, and never regenerates a secret file it cannot read (that
@@ -58,6 +59,72 @@ fn beside(db: &Path, suffix: &str) -> PathBuf {
     name.push(".");
     name.push(suffix);
     db.with_file_name(name)
+}
+
+/// Where a secret comes from when the operator gives it: its text, or a file holding it. A
+/// given file is only read, never created: replicas sharing a database must share the secret,
+/// and one generated per replica would split them (tokens minted on one refused by the other).
+#[derive(Clone, PartialEq, Eq)]
+pub enum SecretSetting {
+    Value(String),
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for SecretSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SecretSetting::Value(_) => f.write_str("Value(<redacted>)"),
+            SecretSetting::File(p) => f.debug_tuple("File").field(p).finish(),
+        }
+    }
+}
+
+impl SecretSetting {
+    /// The secret's text, trimmed.
+    fn read(&self) -> Result<String, IngestError> {
+        match self {
+            SecretSetting::Value(v) => Ok(v.trim().to_string()),
+            SecretSetting::File(path) => fs::read_to_string(path)
+                .map(|s| s.trim().to_string())
+                .map_err(|source| IngestError::SecretFile {
+                    path: path.clone(),
+                    source,
+                }),
+        }
+    }
+}
+
+/// A fresh signing secret as its file holds it (base64url, no padding); what
+/// `bounded-ingest secret` prints.
+pub fn new_signing_secret_text() -> Result<String, IngestError> {
+    Ok(URL_SAFE_NO_PAD.encode(random::bytes::<SIGNING_SECRET_BYTES>()?))
+}
+
+/// A fresh admin secret (`adm_` + 256 random bits, base64url).
+pub fn new_admin_secret_text() -> Result<String, IngestError> {
+    Ok(format!(
+        "{ADMIN_SECRET_PREFIX}{}",
+        URL_SAFE_NO_PAD.encode(random::bytes::<ADMIN_SECRET_BYTES>()?)
+    ))
+}
+
+/// The 32 bytes of a signing secret written as base64, either alphabet, padded or not (the
+/// `<db>.signing-key` file, or `openssl rand -base64 32`).
+fn decode_signing_secret(text: &str) -> Option<Vec<u8>> {
+    let normal: String = text
+        .trim()
+        .trim_end_matches('=')
+        .chars()
+        .map(|c| match c {
+            '+' => '-',
+            '/' => '_',
+            c => c,
+        })
+        .collect();
+    URL_SAFE_NO_PAD
+        .decode(normal.as_bytes())
+        .ok()
+        .filter(|s| s.len() == SIGNING_SECRET_BYTES)
 }
 
 /// A fresh key id: `k_` + 20 lower-case hex digits (fits `SensorToken`'s keyId rules).
@@ -167,14 +234,18 @@ impl Signer {
     /// Loads the signing secret beside `db`, creating it on first start.
     pub fn load_or_create(db: &Path) -> Result<Self, IngestError> {
         let path = signing_secret_path(db);
-        let (text, _) = load_or_create_secret(&path, || {
-            Ok(URL_SAFE_NO_PAD.encode(random::bytes::<SIGNING_SECRET_BYTES>()?))
+        let (text, _) = load_or_create_secret(&path, new_signing_secret_text)?;
+        let secret = decode_signing_secret(&text).ok_or(IngestError::SecretMalformed { path })?;
+        Ok(Signer::from_secret(&secret))
+    }
+
+    /// The signing secret the operator gave (32 bytes as base64); never generated.
+    pub fn from_setting(setting: &SecretSetting) -> Result<Self, IngestError> {
+        let text = setting.read()?;
+        let secret = decode_signing_secret(&text).ok_or_else(|| match setting {
+            SecretSetting::File(path) => IngestError::SecretMalformed { path: path.clone() },
+            SecretSetting::Value(_) => IngestError::SigningSecretMalformed,
         })?;
-        let secret = URL_SAFE_NO_PAD
-            .decode(text.as_bytes())
-            .ok()
-            .filter(|s| s.len() == SIGNING_SECRET_BYTES)
-            .ok_or(IngestError::SecretMalformed { path })?;
         Ok(Signer::from_secret(&secret))
     }
 
@@ -206,7 +277,7 @@ impl Signer {
 pub enum AdminSecretSource {
     /// Given by the embedder or `BOUNDED_INGEST_ADMIN_SECRET`.
     Provided,
-    /// Read from, or generated into, this file beside the database.
+    /// Read from, or generated into, this file (beside the SQLite database, or the one given).
     File { path: PathBuf, created: bool },
 }
 
@@ -233,12 +304,7 @@ impl AdminSecret {
             return Ok((AdminSecret::new(p)?, AdminSecretSource::Provided));
         }
         let path = admin_secret_path(db);
-        let (text, created) = load_or_create_secret(&path, || {
-            Ok(format!(
-                "{ADMIN_SECRET_PREFIX}{}",
-                URL_SAFE_NO_PAD.encode(random::bytes::<ADMIN_SECRET_BYTES>()?)
-            ))
-        })?;
+        let (text, created) = load_or_create_secret(&path, new_admin_secret_text)?;
         if text.len() < MIN_ADMIN_SECRET_LEN {
             return Err(IngestError::SecretMalformed { path });
         }
@@ -246,6 +312,26 @@ impl AdminSecret {
             AdminSecret::new(&text)?,
             AdminSecretSource::File { path, created },
         ))
+    }
+
+    /// The admin secret the operator gave; never generated (see [`SecretSetting`]).
+    pub fn from_setting(setting: &SecretSetting) -> Result<(Self, AdminSecretSource), IngestError> {
+        let text = setting.read()?;
+        match setting {
+            SecretSetting::Value(_) => Self::resolve(Some(&text), Path::new("")),
+            SecretSetting::File(path) => {
+                if text.len() < MIN_ADMIN_SECRET_LEN {
+                    return Err(IngestError::SecretMalformed { path: path.clone() });
+                }
+                Ok((
+                    AdminSecret::new(&text)?,
+                    AdminSecretSource::File {
+                        path: path.clone(),
+                        created: false,
+                    },
+                ))
+            }
+        }
     }
 
     fn new(text: &str) -> Result<Self, IngestError> {
@@ -369,6 +455,32 @@ mod tests {
         let e = write_secret_file(&signing_secret_path(&db), "other").expect_err("exists");
         assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
         assert_eq!(fs::read(signing_secret_path(&db)).expect("read"), before);
+    }
+
+    #[test]
+    fn a_given_signing_secret_is_read_in_either_base64_alphabet_and_never_generated() {
+        let bytes: Vec<u8> = (0u8..32)
+            .map(|b| b.wrapping_mul(37).wrapping_add(250))
+            .collect();
+        use base64::engine::general_purpose::STANDARD;
+        let url_safe = Signer::from_setting(&SecretSetting::Value(URL_SAFE_NO_PAD.encode(&bytes)))
+            .expect("base64url");
+        let standard = Signer::from_setting(&SecretSetting::Value(STANDARD.encode(&bytes)))
+            .expect("standard, padded (openssl rand -base64 32)");
+        let tok = SensorToken::parse(&url_safe.token_for("k_1")).expect("shape");
+        assert!(standard.verify(&tok), "both spellings are the same secret");
+        assert!(matches!(
+            Signer::from_setting(&SecretSetting::Value(URL_SAFE_NO_PAD.encode(&bytes[..31]))),
+            Err(IngestError::SigningSecretMalformed)
+        ));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("signing");
+        assert!(matches!(
+            Signer::from_setting(&SecretSetting::File(missing.clone())),
+            Err(IngestError::SecretFile { .. })
+        ));
+        assert!(!missing.exists(), "a given file is never created");
+        assert!(!format!("{:?}", SecretSetting::Value("s3cret".into())).contains("s3cret"));
     }
 
     #[test]

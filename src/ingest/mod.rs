@@ -16,6 +16,13 @@
 //! * [`tls`]: HTTPS (`--tls-cert` / `--tls-key`, rustls with ring).
 //! * [`web`]: the live view at `/` (sign-in, sessions, the event stream, per-tool figures).
 //!
+//! Store: SQLite at [`IngestConfig::db_path`], unless [`IngestConfig::postgres`] names a
+//! PostgreSQL database that replicas share; then both secrets must be given
+//! ([`IngestConfig::signing_secret`], [`IngestConfig::admin_secret`] or
+//! [`IngestConfig::admin_secret_file`]) and [`start`] fails with
+//! [`IngestError::SharedSecretMissing`] before connecting, never generating one per replica.
+//! Given secrets are read, never written, with either store.
+//!
 //! Files: the database at [`IngestConfig::db_path`] (default [`DEFAULT_DB_PATH`]; its directory
 //! is created owner-only (0700) if missing), plus beside it `<db>.signing-key` (the token
 //! signing secret; losing it invalidates every token) and, when no admin secret is given,
@@ -96,11 +103,22 @@ pub const DEFAULT_PORT: u16 = 7361;
 /// `bounded-ingest mint` run from the same directory find the same database and admin secret.
 pub const DEFAULT_DB_PATH: &str = "bounded-ingest.db";
 
-/// Env: the admin secret (serve, mint, revoke). When unset, `serve` generates one beside the DB.
+/// Env: the admin secret (serve, mint, revoke). When unset (and no file is given), `serve` on
+/// SQLite generates one beside the DB.
 pub const ENV_ADMIN_SECRET: &str = "BOUNDED_INGEST_ADMIN_SECRET";
+/// Env: a file holding the admin secret (serve, mint, revoke), as `--admin-secret-file`.
+pub const ENV_ADMIN_SECRET_FILE: &str = "BOUNDED_INGEST_ADMIN_SECRET_FILE";
+/// Env: the token signing secret for `serve` (32 bytes, base64). When unset (and no file is
+/// given), `serve` on SQLite generates one beside the DB; on PostgreSQL it refuses to start.
+pub const ENV_SIGNING_SECRET: &str = "BOUNDED_INGEST_SIGNING_SECRET";
+/// Env: a file holding the token signing secret, as `--signing-secret-file`.
+pub const ENV_SIGNING_SECRET_FILE: &str = "BOUNDED_INGEST_SIGNING_SECRET_FILE";
+/// Env: a PEM CA to trust for TLS to PostgreSQL, besides the webpki roots (`--db-ca`).
+pub const ENV_DB_CA: &str = "BOUNDED_INGEST_DB_CA";
 /// Env: the ingest base URL for `mint` / `revoke` (the same variable the sensor reads).
 pub const ENV_INGEST_BASE: &str = "BOUNDED_INGEST_BASE";
-/// Env: the database path for `serve` (and for finding the admin-secret file in `mint`/`revoke`).
+/// Env: the database for `serve`, a SQLite path or a `postgres://` URL (and for finding the
+/// admin-secret file beside a SQLite database in `mint`/`revoke`).
 pub const ENV_DB: &str = "BOUNDED_INGEST_DB";
 /// Env: the listen address for `serve`.
 pub const ENV_LISTEN: &str = "BOUNDED_INGEST_LISTEN";
@@ -188,10 +206,19 @@ impl Default for Limits {
 pub struct IngestConfig {
     /// Where to listen; port 0 picks a free port (see [`RunningIngest::addr`]).
     pub listen: SocketAddr,
-    /// The SQLite file; created with its schema on first start.
+    /// The SQLite file; created with its schema on first start. Unused with [`Self::postgres`].
     pub db_path: PathBuf,
-    /// The admin secret; `None` reads or generates `<db>.admin-secret`.
+    /// A PostgreSQL database instead of the SQLite file: the store replicas share. It needs both
+    /// secrets given ([`Self::signing_secret`] and [`Self::admin_secret`] or
+    /// [`Self::admin_secret_file`]): nothing is generated per replica.
+    pub postgres: Option<store::postgres::PgConnect>,
+    /// The token signing secret; `None` reads or generates `<db>.signing-key` (SQLite only).
+    pub signing_secret: Option<keys::SecretSetting>,
+    /// The admin secret; `None` reads [`Self::admin_secret_file`], else reads or generates
+    /// `<db>.admin-secret` (SQLite only).
     pub admin_secret: Option<String>,
+    /// A file holding the admin secret, read and never created.
+    pub admin_secret_file: Option<PathBuf>,
     pub limits: Limits,
     /// Serve HTTPS with this certificate and key; `None` serves plain HTTP.
     pub tls: Option<TlsFiles>,
@@ -211,7 +238,10 @@ impl IngestConfig {
         IngestConfig {
             listen,
             db_path: db_path.into(),
+            postgres: None,
+            signing_secret: None,
             admin_secret: None,
+            admin_secret_file: None,
             limits: Limits::default(),
             tls: None,
             insecure_plain_http: false,
@@ -262,6 +292,15 @@ pub enum IngestError {
     },
     #[error("secret file {path} is malformed; restore it from a backup (a new one would invalidate every token)")]
     SecretMalformed { path: PathBuf },
+    #[error("the signing secret from {ENV_SIGNING_SECRET} is not 32 bytes in base64 (make one with `bounded-ingest secret signing`)")]
+    SigningSecretMalformed,
+    #[error(transparent)]
+    Postgres(#[from] store::postgres::PgOpenError),
+    #[error("with a PostgreSQL database every replica needs the same {what}, and none was given: {how} (nothing is generated per replica, or replicas would refuse each other's tokens)")]
+    SharedSecretMissing {
+        what: &'static str,
+        how: &'static str,
+    },
     #[error(
         "admin secret from {ENV_ADMIN_SECRET} is shorter than {} characters",
         keys::MIN_ADMIN_SECRET_LEN
@@ -309,14 +348,25 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         return Err(IngestError::PlainHttpOffLoopback { addr: cfg.listen });
     }
     let db_path = cfg.db_path.clone();
-    let admin_in = cfg.admin_secret.clone();
+    let secrets = Secrets {
+        signing: cfg.signing_secret.clone(),
+        admin: cfg.admin_secret.clone(),
+        admin_file: cfg.admin_secret_file.clone(),
+    };
     let tls_files = cfg.tls.clone();
+    let pg = cfg.postgres.clone();
     // File and SQLite work: off the async threads.
     let opened = tokio::task::spawn_blocking(move || {
         let tls = match &tls_files {
             Some(f) => Some(tls::server_config(&f.cert, &f.key)?),
             None => None,
         };
+        if pg.is_some() {
+            // Secrets before the database: a replica missing one must not touch it.
+            let (signer, admin, source) = secrets.given()?;
+            warn_readable_files(None, &secrets, &source, tls_files.as_ref());
+            return Ok::<_, IngestError>((signer, admin, source, None, tls));
+        }
         if let Some(dir) = db_path.parent().filter(|d| !d.as_os_str().is_empty()) {
             create_data_dir(dir).map_err(|source| IngestError::DataDir {
                 path: dir.to_path_buf(),
@@ -326,14 +376,19 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         // The store first: a database that is not ours is refused before a secret is written
         // beside it.
         let store: Arc<dyn store::Store> = store::SqliteStore::open(&db_path)?;
-        let signer = keys::Signer::load_or_create(&db_path)?;
-        let (admin, source) = keys::AdminSecret::resolve(admin_in.as_deref(), &db_path)?;
-        warn_readable_files(&db_path, &source, tls_files.as_ref());
-        Ok::<_, IngestError>((signer, admin, source, store, tls))
+        let (signer, admin, source) = secrets.beside(&db_path)?;
+        warn_readable_files(Some(&db_path), &secrets, &source, tls_files.as_ref());
+        Ok::<_, IngestError>((signer, admin, source, Some(store), tls))
     })
     .await
     .map_err(|e| IngestError::Serve(std::io::Error::other(e.to_string())))?;
     let (signer, admin, admin_source, store, tls) = opened?;
+    let store: Arc<dyn store::Store> = match (store, &cfg.postgres) {
+        (Some(store), _) => store,
+        (None, Some(pg)) => store::postgres::PgStore::open(pg).await?,
+        // The SQLite store opens above whenever PostgreSQL is not set.
+        (None, None) => return Err(IngestError::Serve(std::io::Error::other("no store opened"))),
+    };
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -456,18 +511,87 @@ fn create_data_dir(dir: &Path) -> std::io::Result<()> {
     builder.create(dir)
 }
 
+/// The secrets as configured (see [`IngestConfig`]): given ones first, files beside a SQLite
+/// database only when none is given.
+struct Secrets {
+    signing: Option<keys::SecretSetting>,
+    admin: Option<String>,
+    admin_file: Option<PathBuf>,
+}
+
+impl Secrets {
+    fn admin_setting(&self) -> Option<keys::SecretSetting> {
+        match (&self.admin, &self.admin_file) {
+            (Some(v), _) => Some(keys::SecretSetting::Value(v.clone())),
+            (None, Some(p)) => Some(keys::SecretSetting::File(p.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// Both secrets, which must be given (PostgreSQL: shared by every replica).
+    fn given(&self) -> Result<(keys::Signer, keys::AdminSecret, AdminSecretSource), IngestError> {
+        let signing = self
+            .signing
+            .as_ref()
+            .ok_or(IngestError::SharedSecretMissing {
+                what: "token signing secret",
+                how: "set BOUNDED_INGEST_SIGNING_SECRET or --signing-secret-file",
+            })?;
+        let admin = self
+            .admin_setting()
+            .ok_or(IngestError::SharedSecretMissing {
+                what: "admin secret",
+                how: "set BOUNDED_INGEST_ADMIN_SECRET or --admin-secret-file",
+            })?;
+        let signer = keys::Signer::from_setting(signing)?;
+        let (admin, source) = keys::AdminSecret::from_setting(&admin)?;
+        Ok((signer, admin, source))
+    }
+
+    /// The given secrets, else the files beside the SQLite database `db` (created on first
+    /// start).
+    fn beside(
+        &self,
+        db: &Path,
+    ) -> Result<(keys::Signer, keys::AdminSecret, AdminSecretSource), IngestError> {
+        let signer = match &self.signing {
+            Some(s) => keys::Signer::from_setting(s)?,
+            None => keys::Signer::load_or_create(db)?,
+        };
+        let (admin, source) = match self.admin_setting() {
+            Some(s) => keys::AdminSecret::from_setting(&s)?,
+            None => keys::AdminSecret::resolve(None, db)?,
+        };
+        Ok((signer, admin, source))
+    }
+}
+
 /// One warning per store, secret or TLS key file that group or others may read. Files are not
 /// changed: a group-readable backup setup may be deliberate, but it should be a choice.
-fn warn_readable_files(db: &Path, admin: &AdminSecretSource, tls: Option<&TlsFiles>) {
-    let mut files: Vec<(PathBuf, &str)> = vec![
-        (db.to_path_buf(), "every stored event"),
-        (store::sqlite::sidecar_path(db, "-wal"), "recent events"),
-        (
-            store::sqlite::sidecar_path(db, "-shm"),
-            "the database's shared index",
-        ),
-        (keys::signing_secret_path(db), "the token signing key"),
-    ];
+fn warn_readable_files(
+    db: Option<&Path>,
+    secrets: &Secrets,
+    admin: &AdminSecretSource,
+    tls: Option<&TlsFiles>,
+) {
+    let mut files: Vec<(PathBuf, &str)> = Vec::new();
+    if let Some(db) = db {
+        files.extend([
+            (db.to_path_buf(), "every stored event"),
+            (store::sqlite::sidecar_path(db, "-wal"), "recent events"),
+            (
+                store::sqlite::sidecar_path(db, "-shm"),
+                "the database's shared index",
+            ),
+        ]);
+    }
+    match (&secrets.signing, db) {
+        (Some(keys::SecretSetting::File(path)), _) => {
+            files.push((path.clone(), "the token signing key"))
+        }
+        (None, Some(db)) => files.push((keys::signing_secret_path(db), "the token signing key")),
+        _ => {}
+    }
     if let AdminSecretSource::File { path, .. } = admin {
         files.push((path.clone(), "the admin secret"));
     }

@@ -313,6 +313,32 @@ impl Drop for PgCluster {
     }
 }
 
+/// The cluster this test binary's tests share, started by the first test that asks and
+/// stopped when the last one holding it is done: `initdb` costs about a second, a database
+/// per test almost nothing. Only a weak reference stays here, because statics are never
+/// dropped and a strong one would leave the server running after the tests.
+pub fn shared() -> std::sync::Arc<PgCluster> {
+    use std::sync::{Arc, Mutex, Weak};
+    static SHARED: Mutex<Weak<PgCluster>> = Mutex::new(Weak::new());
+    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cluster) = slot.upgrade() {
+        return cluster;
+    }
+    let cluster = Arc::new(PgCluster::start());
+    *slot = Arc::downgrade(&cluster);
+    cluster
+}
+
+impl PgCluster {
+    /// A new empty database with a name no other test of this process uses; its URL.
+    pub fn fresh_database(&self) -> String {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.create_database(&format!("t{}_{n}", std::process::id()))
+    }
+}
+
 /// Whether something accepts TCP connections on 127.0.0.1:`port`.
 pub fn port_accepts(port: u16) -> bool {
     TcpStream::connect_timeout(

@@ -70,7 +70,9 @@ pub trait Store: Send + Sync {
 pub enum StoreError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("postgres: {0}")]
+    /// Shown with its whole source chain: the driver's own text is only `db error`, the
+    /// server's message is in its source.
+    #[error("postgres: {}", chain(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("postgres pool: {0}")]
     Pool(String),
@@ -80,6 +82,24 @@ pub enum StoreError {
     Join(String),
     #[error("transaction failed: {0}")]
     Transaction(String),
+}
+
+/// `error: source: source's source…`, one line: what a log needs of an error whose `Display`
+/// leaves the cause to its source (tokio-postgres' `db error`, `error connecting to server`).
+/// Line breaks within a message (the server's `DETAIL`, `HINT`) become `; `.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let text = s.to_string();
+        // Some errors repeat their source in their own text.
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = s.source();
+    }
+    out.replace('\n', "; ")
 }
 
 /// A sensor key as stored.

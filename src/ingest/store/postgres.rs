@@ -15,6 +15,7 @@
 //! [`PgStore`] is the [`Store`] over this schema: batches arriving together are committed in one
 //! transaction ([`write`]: group commit), each still whole or not at all, de-duplicated on
 //! `(org, id)` by the database, so a batch retried against another replica stores nothing twice.
+//! `bounded-ingest serve --db postgres://…` selects it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -123,13 +124,15 @@ CREATE TABLE catalogs (
 pub enum PgOpenError {
     #[error("database URL is not a valid postgres:// URL")]
     Url,
+    #[error("database CA (sslrootcert): {0}")]
+    Ca(#[from] crate::http_client::CaError),
     #[error("connection pool: {0}")]
     Pool(String),
-    #[error("{target}: {source}")]
+    /// The cause is shown with its source chain and is not a `source` itself: printed once.
+    #[error("{target}: {}", super::chain(.cause))]
     Db {
         target: PgTarget,
-        #[source]
-        source: tokio_postgres::Error,
+        cause: tokio_postgres::Error,
     },
     #[error("{target} is not a bounded-ingest database ({reason}); refusing to use it")]
     Foreign { target: PgTarget, reason: String },
@@ -189,14 +192,23 @@ impl fmt::Debug for PgConnect {
 
 impl PgConnect {
     /// Parses `url` (`postgres://user:password@host:port/db?sslmode=…`). TLS trusts the
-    /// webpki roots plus `extra_roots` (a private CA).
+    /// webpki roots plus `extra_roots` (a private CA) plus the URL's `sslrootcert` file.
     pub fn new(
         url: &str,
         extra_roots: &[CertificateDer<'static>],
     ) -> Result<PgConnect, PgOpenError> {
+        let (url, root_cert) = libpq_params(url);
         // The parser's message may quote the text it choked on, which can be the password.
-        let mut config = Config::from_str(url).map_err(|_| PgOpenError::Url)?;
+        let mut config = Config::from_str(&url).map_err(|_| PgOpenError::Url)?;
         let target = PgTarget::of(&config);
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+        }
+        let mut roots = extra_roots.to_vec();
+        if let Some(path) = root_cert {
+            roots.extend(crate::http_client::load_ca_file(&path)?);
+        }
+        let extra_roots = &roots[..];
         let tls = match config.get_ssl_mode() {
             SslMode::Disable => None,
             // `prefer` (the default) would fall back to plain TCP if the server declines TLS.
@@ -232,9 +244,9 @@ impl PgConnect {
 
     /// One connection; its I/O runs on a task of its own until the client is dropped.
     pub async fn connect(&self) -> Result<Client, PgOpenError> {
-        let db = |source| PgOpenError::Db {
+        let db = |cause| PgOpenError::Db {
             target: self.target.clone(),
-            source,
+            cause,
         };
         match &self.tls {
             None => {
@@ -251,12 +263,67 @@ impl PgConnect {
     }
 }
 
+/// A connection attempt without `connect_timeout` in the URL gives up after this, rather than
+/// after the system's TCP timeout (minutes): a replica that cannot reach the database says so.
+const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The URL with what libpq takes and tokio-postgres does not rewritten, and the `sslrootcert`
+/// path taken out of it. Certificates are always verified, chain and host name, so
+/// `sslmode=verify-full` and `verify-ca` (what managed databases tell clients to use) mean
+/// `require` here; `sslrootcert=system` is the default roots.
+fn libpq_params(url: &str) -> (String, Option<std::path::PathBuf>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut root_cert = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match (k, v) {
+            ("sslmode", "verify-full" | "verify-ca") => kept.push("sslmode=require".to_string()),
+            ("sslrootcert", "system") => {}
+            ("sslrootcert", v) => root_cert = Some(std::path::PathBuf::from(percent_decode(v))),
+            _ => kept.push(pair.to_string()),
+        }
+    }
+    if kept.is_empty() {
+        (base.to_string(), root_cert)
+    } else {
+        (format!("{base}?{}", kept.join("&")), root_cert)
+    }
+}
+
+/// `%XX` escapes decoded (a path in a URL query); anything malformed is kept as written.
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 async fn drive<F>(conn: F, target: PgTarget)
 where
     F: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
 {
     if let Err(e) = conn.await {
-        tracing::warn!(database = %target, error = %e, "PostgreSQL connection ended");
+        tracing::warn!(database = %target, error = %super::chain(&e), "PostgreSQL connection ended");
     }
 }
 
@@ -285,9 +352,9 @@ fn client_tls(extra_roots: &[CertificateDer<'static>]) -> rustls::ClientConfig {
 pub async fn open(connect: &PgConnect) -> Result<Client, PgOpenError> {
     let mut client = connect.connect().await?;
     let target = connect.target().clone();
-    let db = |source| PgOpenError::Db {
+    let db = |cause| PgOpenError::Db {
         target: target.clone(),
-        source,
+        cause,
     };
     let tx = client.transaction().await.map_err(db)?;
     // Replicas starting together: one creates or migrates, the others wait and then find it done.
@@ -400,9 +467,9 @@ impl PgStore {
     /// Opens the database (see [`open`]) and loads the keys.
     pub async fn open(connect: &PgConnect) -> Result<std::sync::Arc<PgStore>, PgOpenError> {
         let client = open(connect).await?;
-        let db = |source| PgOpenError::Db {
+        let db = |cause| PgOpenError::Db {
             target: connect.target().clone(),
-            source,
+            cause,
         };
         let keys = client
             .query(
@@ -789,5 +856,40 @@ impl Store for PgStore {
             self.writer.close().await;
             self.pool.close()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libpq_only_parameters_are_rewritten_and_the_rest_kept() {
+        let (url, ca) = libpq_params(
+            "postgres://u:p%40ss@db.example.com:5432/ingest?sslmode=verify-full&sslrootcert=%2Fetc%2Fca%20x.pem&application_name=a",
+        );
+        assert_eq!(
+            url,
+            "postgres://u:p%40ss@db.example.com:5432/ingest?sslmode=require&application_name=a"
+        );
+        assert_eq!(ca, Some(std::path::PathBuf::from("/etc/ca x.pem")));
+        let (url, ca) = libpq_params("postgres://u@h/db?sslrootcert=system&sslmode=verify-ca");
+        assert_eq!(url, "postgres://u@h/db?sslmode=require");
+        assert_eq!(ca, None);
+        assert_eq!(libpq_params("postgres://u@h/db").0, "postgres://u@h/db");
+        assert_eq!(
+            libpq_params("postgres://u@h/db?sslrootcert=/x").0,
+            "postgres://u@h/db"
+        );
+    }
+
+    #[test]
+    fn a_bad_url_error_never_quotes_the_password() {
+        let e = PgConnect::new("postgres://u:S3CRETpw@h:notaport/db", &[]).expect_err("bad port");
+        assert!(!e.to_string().contains("S3CRETpw"), "{e}");
+        let c =
+            PgConnect::new("postgres://u:S3CRETpw@h:5433/db?sslmode=disable", &[]).expect("valid");
+        assert!(!format!("{c:?} {}", c.target()).contains("S3CRETpw"));
+        assert_eq!(c.target().to_string(), "postgres://u@h:5433/db");
     }
 }
