@@ -30,6 +30,8 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod write;
 
+pub use write::{COMMITTERS, MAX_GROUP_BATCHES};
+
 use super::sqlite::APPLICATION_ID;
 use super::{
     BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, KeyRecord,
