@@ -352,8 +352,7 @@ mod pg {
 
     use super::pg_support::PgCluster;
     use super::{
-        batch_body, batch_events, load, percentile, TARGET_EVENTS_PER_SEC as TARGET,
-        WARMUP_BATCHES,
+        batch_body, batch_events, load, percentile, TARGET_EVENTS_PER_SEC as TARGET, WARMUP_BATCHES,
     };
 
     /// The rows the server would hand the store for [`batch_body`]: each event with `org`,
@@ -474,7 +473,9 @@ mod pg {
                 accepted += a;
             }
             let wall = t0.elapsed();
-            let own = super::process_cpu().zip(own0).map_or(Duration::ZERO, |(a, b)| a.saturating_sub(b));
+            let own = super::process_cpu()
+                .zip(own0)
+                .map_or(Duration::ZERO, |(a, b)| a.saturating_sub(b));
             let server = super::server_cpu(postmaster).saturating_sub(pg0);
             lat.sort();
             for s in &stores {
@@ -555,13 +556,15 @@ mod pg {
         }
         let pids: Vec<u32> = served.iter().map(|s| s.child.id()).collect();
         let postmaster = pg.map(PgCluster::postmaster_pid);
-        let ingest_cpu = |pids: &[u32]| -> Duration {
-            pids.iter().filter_map(|p| super::pid_cpu(*p)).sum()
-        };
+        let ingest_cpu =
+            |pids: &[u32]| -> Duration { pids.iter().filter_map(|p| super::pid_cpu(*p)).sum() };
         let before = std::sync::Mutex::new((Duration::ZERO, Duration::ZERO));
         let sent = super::send_all(work, || {
             if let Ok(mut b) = before.lock() {
-                *b = (ingest_cpu(&pids), postmaster.map_or(Duration::ZERO, super::server_cpu));
+                *b = (
+                    ingest_cpu(&pids),
+                    postmaster.map_or(Duration::ZERO, super::server_cpu),
+                );
             }
         })
         .await?;
@@ -573,7 +576,8 @@ mod pg {
         let load = load();
         drop(served);
         let rows = count_rows()?;
-        let expected = sent.accepted + (senders * replicas * WARMUP_BATCHES * batch_events()) as u64;
+        let expected =
+            sent.accepted + (senders * replicas * WARMUP_BATCHES * batch_events()) as u64;
         if rows != expected {
             return Err(format!("{label}: {rows} rows stored, {expected} accepted"));
         }
@@ -611,19 +615,30 @@ mod pg {
         for run in 0..runs {
             let file = dir.path().join(format!("bench-{run}.db"));
             let file_text = file.display().to_string();
-            let r = http_row("sqlite, 1 replica", &file_text, 1, senders, batches, None, || {
-                let c = rusqlite::Connection::open(&file).map_err(|e| e.to_string())?;
-                c.query_row("SELECT COUNT(*) FROM events", [], |r| r.get::<_, i64>(0))
-                    .map(|n| n.max(0) as u64)
-                    .map_err(|e| e.to_string())
-            })
+            let r = http_row(
+                "sqlite, 1 replica",
+                &file_text,
+                1,
+                senders,
+                batches,
+                None,
+                || {
+                    let c = rusqlite::Connection::open(&file).map_err(|e| e.to_string())?;
+                    c.query_row("SELECT COUNT(*) FROM events", [], |r| r.get::<_, i64>(0))
+                        .map(|n| n.max(0) as u64)
+                        .map_err(|e| e.to_string())
+                },
+            )
             .await?;
             print_row(&r);
             rows[0].push(r);
             for (i, replicas) in [1usize, 2].into_iter().enumerate() {
                 let name = format!("http_{run}_{replicas}");
                 let url = pg.create_database(&name);
-                let label = format!("postgres, {replicas} replica{}", if replicas > 1 { "s" } else { "" });
+                let label = format!(
+                    "postgres, {replicas} replica{}",
+                    if replicas > 1 { "s" } else { "" }
+                );
                 let r = http_row(&label, &url, replicas, senders, batches, Some(&pg), || {
                     pg.psql(&name, "SELECT count(*) FROM events")
                         .parse::<u64>()

@@ -191,7 +191,9 @@ mod store {
     use std::sync::Arc;
 
     use bounded_observe_mcp::event::health::Health;
-    use bounded_observe_mcp::ingest::store::postgres::{self as postgres_store, PgConnect, PgStore};
+    use bounded_observe_mcp::ingest::store::postgres::{
+        self as postgres_store, PgConnect, PgStore,
+    };
     use bounded_observe_mcp::ingest::store::{
         BatchOutcome, BatchWrite, EventQuery, EventRow, Evidence, KeyRecord, RevokeOutcome,
         SqliteStore, Store,
@@ -471,7 +473,11 @@ mod store {
     /// Batches (ids, transactions) by the transaction that inserted them: rows inserted by one
     /// transaction share its `xmin`.
     fn transactions_of(pg: &PgCluster, db: &str, ids: &[&str]) -> usize {
-        let list = ids.iter().map(|i| format!("'{i}'")).collect::<Vec<_>>().join(",");
+        let list = ids
+            .iter()
+            .map(|i| format!("'{i}'"))
+            .collect::<Vec<_>>()
+            .join(",");
         pg.psql(
             db,
             &format!("SELECT count(DISTINCT xmin::text) FROM events WHERE id IN ({list})"),
@@ -518,7 +524,10 @@ mod store {
             // One at a time, so that each committer takes one plug, not a group of them.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
             while blocked() != (p + 1).to_string() {
-                assert!(std::time::Instant::now() < deadline, "committer {p} never blocked");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "committer {p} never blocked"
+                );
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
         }
@@ -557,17 +566,28 @@ mod store {
             // PostgreSQL text cannot hold NUL: the group's aggregate statement fails.
             bad.rows[9].evidence.host = "bad\0host".into();
             let (a, c) = (batch("k_1", 0..10), batch("k_1", 200..210));
-            let out = grouped(&s, &url, "bad_in_group", &pg, vec![a.clone(), bad, c.clone()]).await;
+            let out = grouped(
+                &s,
+                &url,
+                "bad_in_group",
+                &pg,
+                vec![a.clone(), bad, c.clone()],
+            )
+            .await;
             assert_eq!(out[0].clone().map(stored), Ok((10, 0)));
             assert!(out[1].is_err(), "{:?}", out[1]);
             assert_eq!(out[2].clone().map(stored), Ok((10, 0)));
-            let n = postgres_store::COMMITTERS * 1;
+            // One plug batch of one event per committer.
+            let n = postgres_store::COMMITTERS;
             assert_eq!(
                 pg.psql("bad_in_group", "SELECT count(*) FROM events"),
                 (20 + n).to_string()
             );
             assert_eq!(
-                pg.psql("bad_in_group", "SELECT count(*) FROM events WHERE id LIKE 'ev-10_'"),
+                pg.psql(
+                    "bad_in_group",
+                    "SELECT count(*) FROM events WHERE id LIKE 'ev-10_'"
+                ),
                 "0",
                 "nothing of the bad batch"
             );
@@ -583,7 +603,10 @@ mod store {
                 errors_ok.to_string()
             );
             // The good ones were each committed on their own after the group failed.
-            assert_eq!(transactions_of(&pg, "bad_in_group", &[ids(&a), ids(&c)].concat()), 2);
+            assert_eq!(
+                transactions_of(&pg, "bad_in_group", &[ids(&a), ids(&c)].concat()),
+                2
+            );
         });
     }
 
@@ -600,10 +623,17 @@ mod store {
             let mut b = batch("k_1", 50..150);
             b.rows.push(row("ev-149", "search", 149, "srv"));
             let out = grouped(&s, &url, "dup_groups", &pg, vec![a.clone(), b.clone()]).await;
-            assert_eq!(out[0].clone().map(stored), Ok((100, 0)), "first in the group wins");
+            assert_eq!(
+                out[0].clone().map(stored),
+                Ok((100, 0)),
+                "first in the group wins"
+            );
             assert_eq!(out[1].clone().map(stored), Ok((50, 51)));
             // One transaction stored both: they were one group.
-            assert_eq!(transactions_of(&pg, "dup_groups", &[ids(&a), ids(&b)].concat()), 1);
+            assert_eq!(
+                transactions_of(&pg, "dup_groups", &[ids(&a), ids(&b)].concat()),
+                1
+            );
 
             // A later group repeating ids of the first, and each other.
             let c = batch("k_1", 100..200);
@@ -628,7 +658,10 @@ mod store {
             );
             // The stored body is the first occurrence's, the same as one batch after another.
             assert_eq!(
-                pg.psql("dup_groups", "SELECT count(*) FROM events WHERE body LIKE '%ev-149%'"),
+                pg.psql(
+                    "dup_groups",
+                    "SELECT count(*) FROM events WHERE body LIKE '%ev-149%'"
+                ),
                 "1"
             );
         });
@@ -682,16 +715,35 @@ mod store {
             let pgs: Arc<dyn Store> = a.clone();
             let lite: Arc<dyn Store> = lite;
             for (what, x, y) in [
-                ("rollups", json(pgs.rollups(None).await), json(lite.rollups(None).await)),
-                ("tools", json(pgs.tools(None).await), json(lite.tools(None).await)),
-                ("evidence", by_tool(json(pgs.evidence_rollups(None).await)), by_tool(json(lite.evidence_rollups(None).await))),
-                ("sensors", json(pgs.sensors().await), json(lite.sensors().await)),
+                (
+                    "rollups",
+                    json(pgs.rollups(None).await),
+                    json(lite.rollups(None).await),
+                ),
+                (
+                    "tools",
+                    json(pgs.tools(None).await),
+                    json(lite.tools(None).await),
+                ),
+                (
+                    "evidence",
+                    by_tool(json(pgs.evidence_rollups(None).await)),
+                    by_tool(json(lite.evidence_rollups(None).await)),
+                ),
+                (
+                    "sensors",
+                    json(pgs.sensors().await),
+                    json(lite.sensors().await),
+                ),
             ] {
                 assert_eq!(x, y, "{what}");
             }
             // The figures are there to compare.
             let evidence = json(pgs.evidence_rollups(None).await);
-            assert!(evidence[0][0]["count"].as_u64().unwrap_or(0) > 50, "{evidence}");
+            assert!(
+                evidence[0][0]["count"].as_u64().unwrap_or(0) > 50,
+                "{evidence}"
+            );
             lite.close().await;
         });
     }
@@ -700,7 +752,12 @@ mod store {
     /// fingerprint only, so groups of one fingerprint and count come in storage order.
     fn by_tool(mut evidence: serde_json::Value) -> serde_json::Value {
         if let Some(groups) = evidence[0].as_array_mut() {
-            groups.sort_by_key(|g| (std::cmp::Reverse(g["count"].as_u64()), g["tool"].to_string()));
+            groups.sort_by_key(|g| {
+                (
+                    std::cmp::Reverse(g["count"].as_u64()),
+                    g["tool"].to_string(),
+                )
+            });
         }
         evidence
     }

@@ -34,8 +34,8 @@ pub use write::{COMMITTERS, MAX_GROUP_BATCHES};
 
 use super::sqlite::APPLICATION_ID;
 use super::{
-    BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, KeyRecord,
-    RevokeOutcome, Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolView,
+    BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, KeyRecord, RevokeOutcome,
+    Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolView,
     MAX_ROLLUP_EVIDENCE,
 };
 

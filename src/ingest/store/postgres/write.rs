@@ -230,20 +230,20 @@ async fn write_group(
     // so the store's sequence orders events as they came.
     let mut inserted: HashMap<String, HashSet<String>> = HashMap::new();
     if !cand.is_empty() {
-        for r in 
-        tx.query(
-            "INSERT INTO events (id, org, sensor, actor, action, class, received_at, body)
+        for r in tx
+            .query(
+                "INSERT INTO events (id, org, sensor, actor, action, class, received_at, body)
              SELECT u.id, u.org, u.sensor, u.actor, u.action, u.class, u.received_at, u.body
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                          $6::text[], $7::text[], $8::text[])
                   WITH ORDINALITY AS u(id, org, sensor, actor, action, class, received_at, body, n)
              ORDER BY u.n
              ON CONFLICT (org, id) DO NOTHING RETURNING org, id",
-            &[
-                &ids, &orgs, &sensors, &actors, &actions, &classes, &received, &bodies,
-            ],
-        )
-        .await?
+                &[
+                    &ids, &orgs, &sensors, &actors, &actions, &classes, &received, &bodies,
+                ],
+            )
+            .await?
         {
             inserted.entry(r.get(0)).or_default().insert(r.get(1));
         }
@@ -336,7 +336,8 @@ async fn write_sensors(
         return Ok(());
     }
     let keys: Vec<&str> = sensors.keys().copied().collect();
-    let n = |f: fn(&SensorFold) -> u64| -> Vec<i64> { sensors.values().map(|s| sat(f(s))).collect() };
+    let n =
+        |f: fn(&SensorFold) -> u64| -> Vec<i64> { sensors.values().map(|s| sat(f(s))).collect() };
     let version: Vec<Option<&str>> = sensors.values().map(|s| s.version.as_deref()).collect();
     let transport: Vec<Option<&str>> = sensors.values().map(|s| s.transport.as_deref()).collect();
     let last_seen: Vec<&str> = sensors.values().map(|s| s.last_seen.as_str()).collect();
@@ -380,6 +381,9 @@ async fn write_sensors(
     Ok(())
 }
 
+/// A `tool_defs` row: org, host, tool, def, sensor, hour.
+type ToolDefKey = (String, String, String, String, String, String);
+
 /// One error group within a group of batches: kind and code of its first event, count, first
 /// and last seen.
 type ErrorFold = (String, Option<i64>, i64, String, String);
@@ -391,8 +395,8 @@ type ErrorFold = (String, Option<i64>, i64, String, String);
 /// aggregate rows in one order, so they queue instead of deadlocking.
 #[derive(Default)]
 struct GroupEvidence {
-    /// (org, host, tool, def, sensor, hour) → (first seen, last seen).
-    tool_defs: BTreeMap<(String, String, String, String, String, String), (String, String)>,
+    /// (first seen, last seen) per definition seen.
+    tool_defs: BTreeMap<ToolDefKey, (String, String)>,
     /// (org, fp, tool) → the group's figures in this batch.
     errors: BTreeMap<(String, String, String), ErrorFold>,
     /// (org, host) → (tools, bytes, last seen), folded as the upsert folds them.
