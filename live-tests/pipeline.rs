@@ -5,13 +5,19 @@
 //!
 //! Against a remote ingest when `BOUNDED_INGEST_BASE` and `BOUNDED_INGEST_ADMIN_SECRET` are both
 //! set (the restart step is then skipped: a remote ingest is not ours to restart); otherwise
-//! against the real `bounded-ingest serve` binary started on 127.0.0.1:0 with a temp database.
-//! Each run uses its own fresh org, so deltas on a shared ingest are this run's alone.
+//! against the real `bounded-ingest serve` binary started on 127.0.0.1:0, once on a temp SQLite
+//! database (`…::sqlite`) and once on a fresh database of a real PostgreSQL cluster
+//! (`…::postgres`, tests/store_support). Each run uses its own fresh org, so deltas on a shared
+//! ingest are this run's alone.
 //!
 //! Run: `cargo test --test live` (part of `.ci/run`).
 
 #[path = "../tests/ingest_support/mod.rs"]
 mod ingest_support;
+#[path = "../tests/pg_support/mod.rs"]
+mod pg_support;
+#[path = "../tests/store_support/mod.rs"]
+mod store_support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -21,8 +27,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bounded_observe_mcp::ingest::AdminClient;
-use ingest_support::{ingest_command, stderr_lines};
+use ingest_support::stderr_lines;
 use serde_json::{json, Value};
+use store_support::{StoreKind, TestDb};
 
 /// Upper bound for anything the test waits on (a loaded 2-core machine is slow).
 const WAIT: Duration = Duration::from_secs(60);
@@ -52,8 +59,7 @@ enum Target {
     Local {
         /// `None` only while restarting.
         child: Option<Child>,
-        db: PathBuf,
-        _dir: tempfile::TempDir,
+        db: TestDb,
     },
 }
 
@@ -74,11 +80,14 @@ fn random_hex(bytes: usize) -> String {
 }
 
 /// Starts `bounded-ingest serve --listen 127.0.0.1:0` and returns it with its bound base URL.
-fn serve_local(db: &Path, admin_secret: &str) -> (Child, String) {
-    let mut child = ingest_command()
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-        .arg(db)
-        .env("BOUNDED_INGEST_ADMIN_SECRET", admin_secret)
+/// On SQLite the admin secret goes in by env, as an operator would pass it; on PostgreSQL it is
+/// the file every replica is given.
+fn serve_local(db: &TestDb, admin_secret: &str) -> (Child, String) {
+    let mut cmd = db.serve_command();
+    if db.kind == StoreKind::Sqlite {
+        cmd.env("BOUNDED_INGEST_ADMIN_SECRET", admin_secret);
+    }
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -125,7 +134,7 @@ fn stop_local(mut child: Child) -> ExitStatus {
 }
 
 impl Ingest {
-    fn start() -> Ingest {
+    fn start(store: StoreKind) -> Option<Ingest> {
         let base = std::env::var("BOUNDED_INGEST_BASE")
             .ok()
             .filter(|s| !s.is_empty());
@@ -133,27 +142,36 @@ impl Ingest {
             .ok()
             .filter(|s| !s.is_empty());
         if let (Some(base), Some(admin_secret)) = (base, secret) {
+            if store != StoreKind::Sqlite {
+                // One run against a remote ingest is enough: its store is its own.
+                eprintln!("live: remote ingest given, the {store:?} run is skipped");
+                return None;
+            }
             eprintln!("live: against the remote ingest {base}");
-            return Ingest {
+            return Some(Ingest {
                 base,
                 admin_secret,
                 target: Target::Remote,
-            };
+            });
         }
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = dir.path().join("live.db");
-        let admin_secret = format!("live-{}", random_hex(24));
+        let db = TestDb::new(store);
+        let admin_secret = match store {
+            StoreKind::Sqlite => format!("live-{}", random_hex(24)),
+            StoreKind::Postgres => std::fs::read_to_string(db.admin_secret_file())
+                .expect("admin secret")
+                .trim()
+                .to_string(),
+        };
         let (child, base) = serve_local(&db, &admin_secret);
-        eprintln!("live: against a local bounded-ingest at {base}");
-        Ingest {
+        eprintln!("live: against a local bounded-ingest on {store:?} at {base}");
+        Some(Ingest {
             base,
             admin_secret,
             target: Target::Local {
                 child: Some(child),
                 db,
-                _dir: dir,
             },
-        }
+        })
     }
 
     fn admin(&self) -> AdminClient {
@@ -360,11 +378,13 @@ async fn events_at_least(admin: &AdminClient, org: &str, n: usize) -> Vec<Value>
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_pipeline_mint_wrap_call_read_back_revoke_restart() {
+both_stores!(live_pipeline_mint_wrap_call_read_back_revoke_restart);
+async fn live_pipeline_mint_wrap_call_read_back_revoke_restart(store: StoreKind) {
     // reqwest is built without a bundled TLS provider; a remote ingest may be https.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut ingest = Ingest::start();
+    let Some(mut ingest) = Ingest::start(store) else {
+        return;
+    };
     let admin = ingest.admin();
     let org = format!("live-{}", random_hex(6));
 

@@ -6,14 +6,19 @@
 //! canaries planted in descriptions, error messages and `isError` texts, which must appear in
 //! no byte sent, stored, or answered by the ingest's API.
 
+mod ingest_support;
+mod pg_support;
+mod store_support;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use bounded_observe_mcp::ingest::{self, AdminClient, IngestConfig, RunningIngest};
+use bounded_observe_mcp::ingest::{self, AdminClient, RunningIngest};
 use serde_json::{json, Value};
+use store_support::{StoreKind, TestDb};
 
 /// Generous: the machine is shared and loaded.
 const STEP: Duration = Duration::from_secs(60);
@@ -352,16 +357,14 @@ struct TestIngest {
     admin: AdminClient,
     http: reqwest::Client,
     base: String,
-    _dir: tempfile::TempDir,
+    _dir: TestDb,
 }
 
 impl TestIngest {
-    async fn start() -> TestIngest {
+    async fn start(store: StoreKind) -> TestIngest {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let running = ingest::start(IngestConfig::ephemeral(dir.path().join("i.db")))
-            .await
-            .expect("ingest starts");
+        let dir = TestDb::new(store);
+        let running = ingest::start(dir.config()).await.expect("ingest starts");
         TestIngest {
             admin: running.admin_client().expect("admin client"),
             base: running.base_url(),
@@ -417,9 +420,9 @@ impl TestIngest {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_session_through_a_real_ingest_leaves_no_canary_in_the_api() {
-    let ingest = TestIngest::start().await;
+both_stores!(http_session_through_a_real_ingest_leaves_no_canary_in_the_api);
+async fn http_session_through_a_real_ingest_leaves_no_canary_in_the_api(store: StoreKind) {
+    let ingest = TestIngest::start(store).await;
     let key = ingest.admin.mint("acme", Some("http")).await.expect("mint");
     let mut upstream = Command::new(example("drift_server"))
         .arg("--http")
@@ -573,9 +576,9 @@ fn fleet_batch(events: Vec<Value>, health: Value) -> Value {
            "dropped": 0, "events": events})
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tools_view_flags_changed_and_inconsistent_definitions_across_sensors() {
-    let ingest = TestIngest::start().await;
+both_stores!(tools_view_flags_changed_and_inconsistent_definitions_across_sensors);
+async fn tools_view_flags_changed_and_inconsistent_definitions_across_sensors(store: StoreKind) {
+    let ingest = TestIngest::start(store).await;
     let a = ingest.admin.mint("acme", Some("a")).await.expect("mint");
     let b = ingest.admin.mint("acme", Some("b")).await.expect("mint");
     let now = bounded_observe_mcp::event::rfc3339_ms(std::time::SystemTime::now());

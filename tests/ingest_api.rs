@@ -1,11 +1,17 @@
-//! The reference ingest's HTTP API against a real server on 127.0.0.1:0 with a real SQLite file
-//! in a temp dir: the in-process server (`ingest::start`) for the API cases, the real
-//! `bounded-ingest` binary for the CLI and restart cases. Every bad-input and attack case of
-//! issue 5 is a test here, and each one also checks that nothing leaked into the store.
+//! The reference ingest's HTTP API against a real server on 127.0.0.1:0, each API case on both
+//! stores (`name::sqlite`: a real SQLite file in a temp dir; `name::postgres`: a database of its
+//! own on a real PostgreSQL cluster that this binary's tests share, tests/store_support): the
+//! in-process server (`ingest::start`) for the API cases, the real `bounded-ingest` binary for
+//! the CLI, restart and crash cases. Every bad-input and attack case of issue 5 is a test here,
+//! and each one also checks that nothing leaked into the store. Connection handling (header and
+//! idle timeouts, the connection cap) happens before any store and runs on SQLite only.
 
 mod ingest_support;
+mod pg_support;
+mod store_support;
 
 use ingest_support::{ingest_command, stderr_lines, INGEST_BIN};
+use store_support::{StoreKind, TestDb};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +20,7 @@ use std::time::Duration;
 
 use bounded_observe_mcp::ingest::{self, keys::Signer, AdminClient, IngestConfig, RunningIngest};
 use serde_json::{json, Value};
+use store_support::Served as ServedOn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TS: &str = "2026-11-29T19:00:00.000Z";
@@ -22,7 +29,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
 struct Ingest {
     running: Option<RunningIngest>,
-    dir: tempfile::TempDir,
+    db: TestDb,
     admin: AdminClient,
     http: reqwest::Client,
     base: String,
@@ -37,16 +44,14 @@ fn db_in(dir: &Path) -> PathBuf {
     dir.join("ingest.db")
 }
 
-async fn start_in(dir: tempfile::TempDir) -> Ingest {
+async fn start_in(db: TestDb) -> Ingest {
     install_tls_provider();
-    let running = ingest::start(IngestConfig::ephemeral(db_in(dir.path())))
-        .await
-        .expect("ingest starts");
+    let running = ingest::start(db.config()).await.expect("ingest starts");
     let admin = running.admin_client().expect("admin client");
     let base = running.base_url();
     Ingest {
         running: Some(running),
-        dir,
+        db,
         admin,
         http: reqwest::Client::builder()
             .timeout(IO_TIMEOUT)
@@ -56,16 +61,16 @@ async fn start_in(dir: tempfile::TempDir) -> Ingest {
     }
 }
 
-async fn start() -> Ingest {
-    start_in(tempfile::tempdir().expect("tempdir")).await
+async fn start(store: StoreKind) -> Ingest {
+    start_in(TestDb::new(store)).await
 }
 
 impl Ingest {
-    async fn stop(mut self) -> tempfile::TempDir {
+    async fn stop(mut self) -> TestDb {
         if let Some(r) = self.running.take() {
             r.shutdown().await.expect("clean shutdown");
         }
-        self.dir
+        self.db
     }
 
     fn admin_secret(&self) -> String {
@@ -159,9 +164,9 @@ fn refund(n: u64, cents: u64) -> Value {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn healthz_is_200_without_auth() {
-    let ing = start().await;
+both_stores!(healthz_is_200_without_auth);
+async fn healthz_is_200_without_auth(store: StoreKind) {
+    let ing = start(store).await;
     let resp = ing
         .http
         .get(format!("{}/healthz", ing.base))
@@ -172,9 +177,9 @@ async fn healthz_is_200_without_auth() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn valid_batch_is_accepted_and_stored_with_org_sensor_and_received_at() {
-    let ing = start().await;
+both_stores!(valid_batch_is_accepted_and_stored_with_org_sensor_and_received_at);
+async fn valid_batch_is_accepted_and_stored_with_org_sensor_and_received_at(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", Some("laptop")).await.expect("mint");
     assert_eq!(key.org, "acme");
     assert!(key.token.starts_with(&format!("obs1.{}.", key.key_id)));
@@ -195,14 +200,14 @@ async fn valid_batch_is_accepted_and_stored_with_org_sensor_and_received_at() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_credentials_are_401_with_a_json_error_and_store_nothing() {
-    let ing = start().await;
+both_stores!(bad_credentials_are_401_with_a_json_error_and_store_nothing);
+async fn bad_credentials_are_401_with_a_json_error_and_store_nothing(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let body = serde_json::to_vec(&batch(vec![refund(1, 1)])).expect("json");
 
     // A correctly signed token for a key id that was never minted.
-    let signer = Signer::load_or_create(&db_in(ing.dir.path())).expect("signing key");
+    let signer = ing.db.signer();
     let unknown = signer.token_for("k_00000000000000000000");
     // The real key id with a signature made with another secret.
     let forged = Signer::from_secret(&[42u8; 32]).token_for(&key.key_id);
@@ -268,9 +273,9 @@ async fn bad_credentials_are_401_with_a_json_error_and_store_nothing() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoked_key_is_refused_on_its_next_batch_and_nothing_more_is_stored() {
-    let ing = start().await;
+both_stores!(revoked_key_is_refused_on_its_next_batch_and_nothing_more_is_stored);
+async fn revoked_key_is_refused_on_its_next_batch_and_nothing_more_is_stored(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let other = ing.admin.mint("acme", None).await.expect("mint");
     assert_eq!(
@@ -297,9 +302,9 @@ async fn revoked_key_is_refused_on_its_next_batch_and_nothing_more_is_stored() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sensor_token_is_refused_on_every_admin_route() {
-    let ing = start().await;
+both_stores!(sensor_token_is_refused_on_every_admin_route);
+async fn sensor_token_is_refused_on_every_admin_route(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let sensor_admin = AdminClient::new(&ing.base, &key.token).expect("client");
     let mint = sensor_admin.mint("evil", None).await;
@@ -333,9 +338,9 @@ async fn sensor_token_is_refused_on_every_admin_route() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn org_and_sensor_sent_in_the_body_are_overwritten_from_the_key() {
-    let ing = start().await;
+both_stores!(org_and_sensor_sent_in_the_body_are_overwritten_from_the_key);
+async fn org_and_sensor_sent_in_the_body_are_overwritten_from_the_key(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let mut e = refund(1, 4900);
     e["org"] = json!("victim-org");
@@ -366,9 +371,9 @@ async fn org_and_sensor_sent_in_the_body_are_overwritten_from_the_key() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_over_500_events_is_413_with_a_clear_error_and_stores_nothing() {
-    let ing = start().await;
+both_stores!(batch_over_500_events_is_413_with_a_clear_error_and_stores_nothing);
+async fn batch_over_500_events_is_413_with_a_clear_error_and_stores_nothing(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     for n in [501u64, 10_000] {
         let events = (0..n).map(|i| refund(i + 1, 1)).collect();
@@ -443,9 +448,9 @@ async fn stream_body(base: &str, head: String, total: usize) -> (String, usize) 
     (text.lines().next().unwrap_or_default().to_string(), sent)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_megabyte_body_is_413_without_being_read() {
-    let ing = start().await;
+both_stores!(fifty_megabyte_body_is_413_without_being_read);
+async fn fifty_megabyte_body_is_413_without_being_read(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     const FIFTY_MB: usize = 50 * 1024 * 1024;
     let auth = format!("Authorization: Bearer {}\r\n", key.token);
@@ -480,10 +485,10 @@ async fn fifty_megabyte_body_is_413_without_being_read() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_that_never_finishes_is_408_and_the_server_keeps_serving() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = IngestConfig::ephemeral(db_in(dir.path()));
+both_stores!(a_body_that_never_finishes_is_408_and_the_server_keeps_serving);
+async fn a_body_that_never_finishes_is_408_and_the_server_keeps_serving(store: StoreKind) {
+    let db = TestDb::new(store);
+    let mut cfg = db.config();
     cfg.limits.body_read_timeout = Duration::from_millis(500);
     let running = ingest::start(cfg).await.expect("start");
     let admin = running.admin_client().expect("admin");
@@ -506,9 +511,9 @@ async fn a_body_that_never_finishes_is_408_and_the_server_keeps_serving() {
     running.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_bodies_are_400_never_500() {
-    let ing = start().await;
+both_stores!(malformed_bodies_are_400_never_500);
+async fn malformed_bodies_are_400_never_500(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let auth = format!("Bearer {}", key.token);
     let mut invalid_utf8 = br#"{"v":2,"dropped":0,"events":[{"v":2,"id":""#.to_vec();
@@ -547,9 +552,9 @@ async fn malformed_bodies_are_400_never_500() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schema_invalid_events_are_rejected_alone_and_counted() {
-    let ing = start().await;
+both_stores!(schema_invalid_events_are_rejected_alone_and_counted);
+async fn schema_invalid_events_are_rejected_alone_and_counted(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let mut no_id = refund(10, 1);
     no_id.as_object_mut().expect("object").remove("id");
@@ -583,9 +588,9 @@ async fn schema_invalid_events_are_rejected_alone_and_counted() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_batch_sent_twice_is_stored_once() {
-    let ing = start().await;
+both_stores!(the_same_batch_sent_twice_is_stored_once);
+async fn the_same_batch_sent_twice_is_stored_once(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let b = batch((1..=20).map(|i| refund(i, 10)).collect());
     let (_, first) = ing.post(&key.token, &b).await;
@@ -614,9 +619,9 @@ async fn the_same_batch_sent_twice_is_stored_once() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_id_from_another_org_does_not_suppress_ours() {
-    let ing = start().await;
+both_stores!(an_event_id_from_another_org_does_not_suppress_ours);
+async fn an_event_id_from_another_org_does_not_suppress_ours(store: StoreKind) {
+    let ing = start(store).await;
     let ours = ing.admin.mint("acme", None).await.expect("mint");
     let theirs = ing.admin.mint("evil", None).await.expect("mint");
     assert_eq!(
@@ -638,9 +643,9 @@ async fn an_event_id_from_another_org_does_not_suppress_ours() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_senders_all_land_exactly_once() {
-    let ing = start().await;
+both_stores!(concurrent_senders_all_land_exactly_once, 4);
+async fn concurrent_senders_all_land_exactly_once(store: StoreKind) {
+    let ing = start(store).await;
     const SENDERS: u64 = 6;
     const BATCHES: u64 = 8;
     const PER_BATCH: u64 = 50;
@@ -693,9 +698,9 @@ async fn concurrent_senders_all_land_exactly_once() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollups_count_per_group_and_sum_numeric_fields() {
-    let ing = start().await;
+both_stores!(rollups_count_per_group_and_sum_numeric_fields);
+async fn rollups_count_per_group_and_sum_numeric_fields(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let other = ing.admin.mint("globex", None).await.expect("mint");
     let events = vec![
@@ -747,9 +752,9 @@ async fn rollups_count_per_group_and_sum_numeric_fields() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollups_survive_sums_past_the_integer_range() {
-    let ing = start().await;
+both_stores!(rollups_survive_sums_past_the_integer_range);
+async fn rollups_survive_sums_past_the_integer_range(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     // Two amounts whose integer sum overflows i64 (SQL SUM() would fail on it), chosen so that
     // no run of their digits is Luhn-valid: the privacy layer would scrub those as card numbers.
@@ -782,9 +787,9 @@ async fn rollups_survive_sums_past_the_integer_range() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_read_back_newest_first_filtered_and_limited() {
-    let ing = start().await;
+both_stores!(events_read_back_newest_first_filtered_and_limited);
+async fn events_read_back_newest_first_filtered_and_limited(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     for i in 1..=3 {
         ing.post(&key.token, &batch(vec![refund(i, i)])).await;
@@ -839,9 +844,9 @@ async fn events_read_back_newest_first_filtered_and_limited() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pii_reaching_the_ingest_is_removed_before_storage() {
-    let ing = start().await;
+both_stores!(pii_reaching_the_ingest_is_removed_before_storage);
+async fn pii_reaching_the_ingest_is_removed_before_storage(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     // A sensor that skipped its own filter: the ingest re-applies L2-L4.
     let e = event(
@@ -874,9 +879,9 @@ async fn pii_reaching_the_ingest_is_removed_before_storage() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sensors_dropped_counter_is_recorded_per_sensor() {
-    let ing = start().await;
+both_stores!(the_sensors_dropped_counter_is_recorded_per_sensor);
+async fn the_sensors_dropped_counter_is_recorded_per_sensor(store: StoreKind) {
+    let ing = start(store).await;
     let a = ing.admin.mint("acme", None).await.expect("mint");
     let b = ing.admin.mint("acme", None).await.expect("mint");
     let mut one = batch(vec![refund(1, 1)]);
@@ -903,9 +908,9 @@ async fn the_sensors_dropped_counter_is_recorded_per_sensor() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_input_mistakes_are_4xx() {
-    let ing = start().await;
+both_stores!(admin_input_mistakes_are_4xx);
+async fn admin_input_mistakes_are_4xx(store: StoreKind) {
+    let ing = start(store).await;
     let secret = ing.admin_secret();
     for body in [
         "not json",
@@ -939,9 +944,9 @@ async fn admin_input_mistakes_are_4xx() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_keeps_events_keys_and_the_admin_secret() {
-    let ing = start().await;
+both_stores!(restart_keeps_events_keys_and_the_admin_secret);
+async fn restart_keeps_events_keys_and_the_admin_secret(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let revoked = ing.admin.mint("acme", None).await.expect("mint");
     assert_eq!(
@@ -950,9 +955,9 @@ async fn restart_keeps_events_keys_and_the_admin_secret() {
     );
     ing.admin.revoke(&revoked.key_id).await.expect("revoke");
     let secret = ing.admin_secret();
-    let dir = ing.stop().await;
+    let db = ing.stop().await;
 
-    let ing = start_in(dir).await;
+    let ing = start_in(db).await;
     assert_eq!(ing.admin_secret(), secret);
     let events = ing.all_events().await;
     assert_eq!(events.len(), 1);
@@ -1150,67 +1155,64 @@ fn usage_errors_exit_2() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-#[test]
-fn accepted_events_survive_a_sigkill_of_the_ingest() {
+both_stores!(accepted_events_survive_a_sigkill_of_the_ingest);
+async fn accepted_events_survive_a_sigkill_of_the_ingest(store: StoreKind) {
     install_tls_provider();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("crash.db");
-    let mut served = serve(&db);
-    let secret = std::fs::read_to_string(ingest::keys::admin_secret_path(&db)).expect("secret");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let (token, answers) = rt.block_on(async {
-        let admin = AdminClient::new(&served.base, secret.trim()).expect("client");
-        let key = admin.mint("acme", None).await.expect("mint");
-        let http = reqwest::Client::new();
-        let mut answers = Vec::new();
-        for b in 0..5u64 {
-            let events = (0..100).map(|i| refund(b * 1000 + i + 1, 1)).collect();
-            let resp = http
-                .post(format!("{}/v1/events", served.base))
-                .bearer_auth(&key.token)
-                .body(serde_json::to_vec(&batch(events)).expect("json"))
-                .send()
-                .await
-                .expect("post");
-            assert_eq!(resp.status().as_u16(), 200);
-            answers.push(resp.json::<Value>().await.expect("json"));
+    let db = TestDb::new(store);
+    let mut served = ServedOn::start(db.serve_command());
+    let secret = match store {
+        StoreKind::Sqlite => {
+            std::fs::read_to_string(ingest::keys::admin_secret_path(&db.sqlite_path()))
         }
-        (key.token, answers)
-    });
+        StoreKind::Postgres => std::fs::read_to_string(db.admin_secret_file()),
+    }
+    .expect("secret");
+    let admin = AdminClient::new(&served.base, secret.trim()).expect("client");
+    let key = admin.mint("acme", None).await.expect("mint");
+    let http = reqwest::Client::new();
+    let mut answers = Vec::new();
+    for b in 0..5u64 {
+        let events = (0..100).map(|i| refund(b * 1000 + i + 1, 1)).collect();
+        let resp = http
+            .post(format!("{}/v1/events", served.base))
+            .bearer_auth(&key.token)
+            .body(serde_json::to_vec(&batch(events)).expect("json"))
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(resp.status().as_u16(), 200);
+        answers.push(resp.json::<Value>().await.expect("json"));
+    }
     let accepted: u64 = answers.iter().filter_map(|a| a["accepted"].as_u64()).sum();
     assert_eq!(accepted, 500);
     // No graceful shutdown: the process dies with whatever it had not written.
-    served.child.kill().expect("SIGKILL");
-    let _ = served.child.wait();
+    served.kill();
 
-    let served = serve(&db);
-    let (events, status) = rt.block_on(async {
-        let admin = AdminClient::new(&served.base, secret.trim()).expect("client");
-        let events = admin
-            .events(&[("org", "acme"), ("limit", "1000")])
-            .await
-            .expect("events");
-        let status = reqwest::Client::new()
-            .post(format!("{}/v1/events", served.base))
-            .bearer_auth(&token)
-            .body(serde_json::to_vec(&batch(vec![refund(9_999_999, 1)])).expect("json"))
-            .send()
-            .await
-            .expect("post")
-            .status()
-            .as_u16();
-        (events, status)
-    });
-    assert_eq!(events.len(), 500, "every acknowledged event is on disk");
+    let mut served = ServedOn::start(db.serve_command());
+    let admin = AdminClient::new(&served.base, secret.trim()).expect("client");
+    let events = admin
+        .events(&[("org", "acme"), ("limit", "1000")])
+        .await
+        .expect("events");
+    let status = http
+        .post(format!("{}/v1/events", served.base))
+        .bearer_auth(&key.token)
+        .body(serde_json::to_vec(&batch(vec![refund(9_999_999, 1)])).expect("json"))
+        .send()
+        .await
+        .expect("post")
+        .status()
+        .as_u16();
+    assert_eq!(events.len(), 500, "every acknowledged event is stored");
     assert_eq!(status, 200, "the token minted before the crash still works");
     assert!(served.stop().success());
 }
 
 // ---- Issue 14: one key holder must not break or starve the ingest ----
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_past_a_billion_is_400_and_the_sensors_view_keeps_answering() {
-    let ing = start().await;
+both_stores!(dropped_past_a_billion_is_400_and_the_sensors_view_keeps_answering);
+async fn dropped_past_a_billion_is_400_and_the_sensors_view_keeps_answering(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     // Two batches of u64::MAX used to turn the SQLite counter into a REAL, and every later
     // sensors view into a 503.
@@ -1270,9 +1272,9 @@ async fn answer_head(s: &mut tokio::net::TcpStream, within: Duration) -> String 
     String::from_utf8_lossy(&buf).to_ascii_lowercase()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_bodies_of_one_key_do_not_starve_another_key() {
-    let ing = start().await;
+both_stores!(slow_bodies_of_one_key_do_not_starve_another_key);
+async fn slow_bodies_of_one_key_do_not_starve_another_key(store: StoreKind) {
+    let ing = start(store).await;
     let a = ing.admin.mint("acme", Some("a")).await.expect("mint");
     let b = ing.admin.mint("acme", Some("b")).await.expect("mint");
     let addr = ing.running.as_ref().expect("running").addr();
@@ -1336,7 +1338,7 @@ async fn slow_bodies_of_one_key_do_not_starve_another_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_sent_header_is_closed_within_twelve_seconds() {
-    let ing = start().await;
+    let ing = start(StoreKind::Sqlite).await;
     let addr = ing.running.as_ref().expect("running").addr();
     let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (mut rd, mut wr) = s.into_split();
@@ -1479,9 +1481,11 @@ async fn idle_connections_close_after_the_idle_timeout_not_the_header_timeout() 
     running.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_are_counted_while_reading_and_oversized_events_are_rejected_alone() {
-    let ing = start().await;
+both_stores!(events_are_counted_while_reading_and_oversized_events_are_rejected_alone);
+async fn events_are_counted_while_reading_and_oversized_events_are_rejected_alone(
+    store: StoreKind,
+) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let auth = format!("Bearer {}", key.token);
     // 501 events then bytes that are not JSON: counting stops at the 501st, before them.
@@ -1507,12 +1511,12 @@ async fn events_are_counted_while_reading_and_oversized_events_are_rejected_alon
     ing.stop().await;
 }
 
+both_stores!(encoding_faults_refuse_the_body_or_the_event_they_sit_in);
 /// Found by fuzzing the streaming batch reader. Invalid UTF-8 in a field it skips still makes
 /// the body malformed (400), as it was when the whole body was parsed; a lone surrogate escape,
 /// grammatical JSON that a full parse refuses, inside one event gets that event rejected alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn encoding_faults_refuse_the_body_or_the_event_they_sit_in() {
-    let ing = start().await;
+async fn encoding_faults_refuse_the_body_or_the_event_they_sit_in(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let auth = format!("Bearer {}", key.token);
     let good = serde_json::to_string(&refund(1, 1)).expect("json");
@@ -1617,9 +1621,9 @@ const STORED_STRINGS: &[&[&str]] = &[
     &["session", "protocol"],
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pii_in_any_metadata_string_gets_the_event_rejected_and_counted() {
-    let ing = start().await;
+both_stores!(pii_in_any_metadata_string_gets_the_event_rejected_and_counted);
+async fn pii_in_any_metadata_string_gets_the_event_rejected_and_counted(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let mut events = vec![refund(0, 4900)];
     let mut n = 1;
@@ -1659,9 +1663,9 @@ async fn pii_in_any_metadata_string_gets_the_event_rejected_and_counted() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pii_in_the_sensor_version_or_transport_rejects_the_batch_s_events() {
-    let ing = start().await;
+both_stores!(pii_in_the_sensor_version_or_transport_rejects_the_batch_s_events);
+async fn pii_in_the_sensor_version_or_transport_rejects_the_batch_s_events(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     for (i, (value, needle)) in L4_CANARIES.iter().enumerate() {
         for field in ["version", "transport"] {
@@ -1682,9 +1686,9 @@ async fn pii_in_the_sensor_version_or_transport_rejects_the_batch_s_events() {
     ing.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pii_in_captured_fields_is_removed_and_codes_are_kept() {
-    let ing = start().await;
+both_stores!(pii_in_captured_fields_is_removed_and_codes_are_kept);
+async fn pii_in_captured_fields_is_removed_and_codes_are_kept(store: StoreKind) {
+    let ing = start(store).await;
     let key = ing.admin.mint("acme", None).await.expect("mint");
     let mut fields = serde_json::Map::new();
     for (i, (value, _)) in L4_CANARIES.iter().enumerate() {

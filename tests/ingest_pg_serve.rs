@@ -224,3 +224,44 @@ fn help_shows_no_database_url() {
     assert!(text.contains("postgres://user:password@host/db"), "{text}");
     assert!(!text.contains("Pa55wordCanary"), "{text}");
 }
+
+#[test]
+fn a_store_failure_while_serving_is_logged_with_the_servers_reason() {
+    install_tls_provider();
+    let db = TestDb::new(StoreKind::Postgres);
+    let mut served = Served::start(db.serve_command());
+    let out = ingest_command()
+        .args(["mint", "--org", "acme", "--ingest", &served.base])
+        .args(db.admin_args())
+        .output()
+        .expect("run mint");
+    assert!(out.status.success(), "{}", output_text(&out));
+    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // The database changes under the running ingest: its next batch cannot be stored.
+    let name = db.pg_database().expect("db");
+    db.cluster()
+        .expect("pg")
+        .psql(&name, "ALTER TABLE events RENAME TO events_elsewhere");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let status = rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{}/v1/events", served.base))
+            .bearer_auth(&token)
+            .json(&batch(&[1]))
+            .send()
+            .await
+            .expect("post")
+            .status()
+            .as_u16()
+    });
+    assert_eq!(
+        status, 503,
+        "a store failure is the ingest's, not the sensor's"
+    );
+    assert!(served.stop().success());
+    let stderr = served.stderr();
+    assert!(
+        stderr.contains("relation \"events\" does not exist"),
+        "the server's reason, not just `db error`: {stderr}"
+    );
+}

@@ -1,7 +1,8 @@
 //! The PostgreSQL store against a real server (tests/pg_support): the schema is created on an
 //! empty database at the current version, reopened as it is, created once when replicas start
 //! together, and a newer or foreign database is refused and left as it was. The password never
-//! appears in an error, and TLS is never silently dropped.
+//! appears in an error, and TLS is never silently dropped. The tests share one cluster, a
+//! database each (pg_support::shared).
 
 mod pg_support;
 
@@ -32,7 +33,7 @@ fn tables(pg: &PgCluster, db: &str) -> String {
 
 #[test]
 fn an_empty_database_gets_the_schema_at_the_current_version_and_reopens_unchanged() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let url = pg.create_database("fresh");
     let rt = runtime();
     rt.block_on(postgres::open(&connect(&url))).expect("open");
@@ -60,7 +61,7 @@ fn an_empty_database_gets_the_schema_at_the_current_version_and_reopens_unchange
 
 #[test]
 fn replicas_starting_together_create_the_schema_once() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let url = pg.create_database("together");
     let rt = runtime();
     let c = connect(&url);
@@ -83,7 +84,7 @@ fn replicas_starting_together_create_the_schema_once() {
 
 #[test]
 fn a_newer_schema_is_refused_and_left_as_it_was() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let url = pg.create_database("newer");
     let rt = runtime();
     rt.block_on(postgres::open(&connect(&url))).expect("open");
@@ -101,7 +102,7 @@ fn a_newer_schema_is_refused_and_left_as_it_was() {
 
 #[test]
 fn another_programs_database_is_refused_and_left_as_it_was() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let url = pg.create_database("foreign_db");
     pg.psql(
         "foreign_db",
@@ -132,7 +133,7 @@ fn another_programs_database_is_refused_and_left_as_it_was() {
 
 #[test]
 fn the_password_never_appears_in_an_error() {
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let rt = runtime();
     let canary = "Canary-Pw-7f3a9c";
 
@@ -163,7 +164,7 @@ fn the_password_never_appears_in_an_error() {
 #[test]
 fn tls_is_required_unless_the_url_disables_it() {
     // The test cluster has no certificate: every mode but `disable` must fail, never fall back.
-    let pg = PgCluster::start();
+    let pg = pg_support::shared();
     let rt = runtime();
     let base = format!(
         "postgres://bounded:{}@127.0.0.1:{}/postgres",
@@ -184,6 +185,91 @@ fn tls_is_required_unless_the_url_disables_it() {
         .expect("plain when asked");
 }
 
+#[test]
+fn verify_full_with_the_databases_ca_connects_encrypted_and_an_unknown_ca_is_refused() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair, KeyUsagePurpose,
+    };
+    // A cluster of its own: the shared one must keep serving without TLS.
+    let pg = PgCluster::start();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "bounded test database CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
+    let mut leaf_params =
+        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .expect("leaf params");
+    leaf_params
+        .distinguished_name
+        .push(DnType::CommonName, "bounded test database");
+    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_key = KeyPair::generate().expect("leaf key");
+    let leaf = leaf_params.signed_by(&leaf_key, &ca).expect("leaf");
+    pg.enable_tls(&leaf.pem(), &leaf_key.serialize_pem());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_path = dir.path().join("db ca.pem");
+    std::fs::write(&ca_path, ca.pem()).expect("write ca");
+
+    let url = pg.create_database("tls");
+    let base = url.split('?').next().expect("url").to_string();
+    let rt = runtime();
+    let encrypted = |connect: PgConnect| {
+        rt.block_on(async {
+            postgres::open(&connect).await?;
+            let client = connect.connect().await?;
+            let row = client
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .map_err(|cause| PgOpenError::Db {
+                    target: connect.target().clone(),
+                    cause,
+                })?;
+            Ok::<bool, PgOpenError>(row.get(0))
+        })
+    };
+    // What a managed database's instructions say: verify-full and its CA in the URL.
+    let in_url = format!(
+        "{base}?sslmode=verify-full&sslrootcert={}",
+        ca_path.display().to_string().replace(' ', "%20")
+    );
+    assert!(encrypted(connect(&in_url)).expect("verify-full with sslrootcert"));
+    // The same CA given beside the URL (--db-ca).
+    let ca_der = bounded_observe_mcp::http_client::load_ca_file(&ca_path).expect("ca");
+    assert!(
+        encrypted(PgConnect::new(&format!("{base}?sslmode=require"), &ca_der).expect("url"))
+            .expect("require with the CA given")
+    );
+    // Without the CA the certificate is not trusted: refused, never downgraded.
+    let err = encrypted(connect(&format!("{base}?sslmode=verify-full")))
+        .expect_err("an unknown CA is refused");
+    assert!(matches!(err, PgOpenError::Db { .. }), "{err}");
+    assert!(!err.to_string().contains(pg.password()), "{err}");
+    // The host name is checked, always (verify-ca included): `hostaddr` connects to the same
+    // server under a name the certificate does not carry, and under one it does.
+    let root = format!(
+        "sslrootcert={}",
+        ca_path.display().to_string().replace(' ', "%20")
+    );
+    let named = |host: &str| {
+        format!(
+            "{}?hostaddr=127.0.0.1&sslmode=verify-ca&{root}",
+            base.replace("@127.0.0.1:", &format!("@{host}:"))
+        )
+    };
+    assert!(encrypted(connect(&named("localhost"))).expect("a name the certificate carries"));
+    let err = encrypted(connect(&named("db.example.com")))
+        .expect_err("a name the certificate does not carry is refused");
+    assert!(err.to_string().contains("TLS handshake"), "{err}");
+}
+
 mod store {
     //! The [`Store`] over PostgreSQL: the same answers as SQLite for the same batches, one
     //! transaction per batch, and de-duplication and revocation that hold across replicas.
@@ -199,7 +285,7 @@ mod store {
         SqliteStore, Store,
     };
 
-    use super::{runtime, PgCluster};
+    use super::{pg_support, runtime};
 
     fn key(id: &str) -> KeyRecord {
         KeyRecord {
@@ -268,7 +354,7 @@ mod store {
 
     #[test]
     fn postgres_answers_as_sqlite_does_for_the_same_batches() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("parity");
         let dir = tempfile::tempdir().expect("tempdir");
         let rt = runtime();
@@ -343,7 +429,7 @@ mod store {
 
     #[test]
     fn a_batch_failing_midway_stores_nothing() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("whole");
         let rt = runtime();
         rt.block_on(async {
@@ -367,7 +453,7 @@ mod store {
 
     #[test]
     fn a_batch_retried_on_another_replica_is_stored_once() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("replicas");
         let rt = runtime();
         rt.block_on(async {
@@ -394,12 +480,18 @@ mod store {
 
     #[test]
     fn a_key_revoked_through_one_replica_stores_nothing_through_another() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("revoked");
         let rt = runtime();
         rt.block_on(async {
             let (a, b) = (pg_store(&url).await, pg_store(&url).await);
             a.mint(key("k_1")).await.expect("mint");
+            assert_eq!(
+                b.key("k_1".into()).await.expect("key").map(|k| k.org),
+                Some("acme".to_string()),
+                "a key minted through one replica is known to another at once"
+            );
+            assert_eq!(b.key_records().await.expect("keys").len(), 1);
             assert_eq!(
                 a.revoke("k_1".into(), "2026-11-30T20:00:00.000Z".into())
                     .await
@@ -423,10 +515,18 @@ mod store {
                 RevokeOutcome::Unknown
             );
             assert_eq!(pg.psql("revoked", "SELECT count(*) FROM events"), "0");
-            assert_eq!(
-                a.key("k_1").and_then(|k| k.revoked_at).as_deref(),
-                Some("2026-11-30T20:00:00.000Z")
-            );
+            for replica in [&a, &b] {
+                assert_eq!(
+                    replica
+                        .key("k_1".into())
+                        .await
+                        .expect("key")
+                        .and_then(|k| k.revoked_at)
+                        .as_deref(),
+                    Some("2026-11-30T20:00:00.000Z"),
+                    "every replica sees the revocation at once"
+                );
+            }
         });
     }
 
@@ -434,7 +534,7 @@ mod store {
     fn concurrent_batches_sharing_aggregates_all_commit() {
         // Sixteen batches at once through two replicas, each touching the same hosts, tools
         // and error groups in its own order: none may fail (a deadlock aborts one).
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("shared_aggregates");
         let rt = runtime();
         rt.block_on(async {
@@ -472,7 +572,7 @@ mod store {
 
     /// Batches (ids, transactions) by the transaction that inserted them: rows inserted by one
     /// transaction share its `xmin`.
-    fn transactions_of(pg: &PgCluster, db: &str, ids: &[&str]) -> usize {
+    fn transactions_of(pg: &pg_support::PgCluster, db: &str, ids: &[&str]) -> usize {
         let list = ids
             .iter()
             .map(|i| format!("'{i}'"))
@@ -493,7 +593,7 @@ mod store {
         s: &Arc<PgStore>,
         url: &str,
         db: &str,
-        pg: &PgCluster,
+        pg: &pg_support::PgCluster,
         batches: Vec<BatchWrite>,
     ) -> Vec<Result<BatchOutcome, String>> {
         let (lock, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -556,7 +656,7 @@ mod store {
 
     #[test]
     fn a_group_with_one_bad_batch_stores_the_others_and_fails_only_that_one() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("bad_in_group");
         let rt = runtime();
         rt.block_on(async {
@@ -612,7 +712,7 @@ mod store {
 
     #[test]
     fn duplicates_within_a_group_and_across_groups_are_stored_once_and_counted() {
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("dup_groups");
         let rt = runtime();
         rt.block_on(async {
@@ -672,7 +772,7 @@ mod store {
         // Eight writers on two replicas at once, each batch overlapping others (retries on
         // the other replica), all sharing hosts, tools and error groups; SQLite gets the same
         // batches one after the other. What was stored must read the same.
-        let pg = PgCluster::start();
+        let pg = pg_support::shared();
         let url = pg.create_database("two_stores");
         let dir = tempfile::tempdir().expect("tempdir");
         let rt = runtime();
@@ -767,4 +867,59 @@ mod store {
     ) -> serde_json::Value {
         serde_json::to_value(r.expect("read")).expect("json")
     }
+}
+
+/// The live view follows the store sequence (`events_after`). PostgreSQL hands sequence values
+/// out at insert, not at commit: a batch still committing holds lower ones than a batch that
+/// committed after it started. A reader must not skip past it.
+#[test]
+fn a_reader_following_the_sequence_never_skips_a_batch_still_committing() {
+    use bounded_observe_mcp::ingest::store::postgres::PgStore;
+    use bounded_observe_mcp::ingest::store::Store;
+    let pg = pg_support::shared();
+    let url = pg.create_database("commit_order");
+    let rt = runtime();
+    rt.block_on(async {
+        let store = PgStore::open(&connect(&url)).await.expect("open");
+        let (mut slow, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        // A batch that took the lower sequence value and has not committed yet…
+        let tx = slow.transaction().await.expect("begin");
+        tx.execute(
+            "INSERT INTO events (id, org, sensor, actor, action, class, received_at, body)
+             VALUES ('slow', 'acme', 'k', 'a', 'x', 'action', 't', '{\"id\":\"slow\"}')",
+            &[],
+        )
+        .await
+        .expect("insert");
+        // …and one that took a higher value and committed.
+        pg.psql(
+            "commit_order",
+            "INSERT INTO events (id, org, sensor, actor, action, class, received_at, body)
+             VALUES ('fast', 'acme', 'k', 'a', 'x', 'action', 't', '{\"id\":\"fast\"}')",
+        );
+        let store2 = store.clone();
+        let read = tokio::spawn(async move { store2.events_after(Some(0), 100).await });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        tx.commit().await.expect("commit");
+        let rows = read.await.expect("join").expect("read");
+        let ids: Vec<&str> = rows
+            .iter()
+            .map(|(_, body)| {
+                if body.contains("slow") {
+                    "slow"
+                } else {
+                    "fast"
+                }
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            ["slow", "fast"],
+            "both, in sequence order: a reader that had answered `fast` alone would have \
+             moved past `slow` for good"
+        );
+    });
 }

@@ -1,28 +1,32 @@
 //! The live view's server side without a browser, against a real in-process ingest on
 //! 127.0.0.1:0: sign-in and its cookie, the back-off, CSRF on state-changing calls, the
 //! security headers, the one-time sign-in link, and the event stream receiving a committed
-//! event. The browser itself is driven in tests/web_browser.rs.
+//! event. Each case runs on both stores (`name::sqlite`, `name::postgres`, tests/store_support).
+//! The browser itself is driven in tests/web_browser.rs.
+
+mod ingest_support;
+mod pg_support;
+mod store_support;
 
 use std::time::{Duration, Instant};
 
-use bounded_observe_mcp::ingest::{self, IngestConfig, RunningIngest};
+use bounded_observe_mcp::ingest::{self, RunningIngest};
 use serde_json::{json, Value};
+use store_support::{StoreKind, TestDb};
 
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
 struct Web {
     running: RunningIngest,
-    _dir: tempfile::TempDir,
+    _dir: TestDb,
     http: reqwest::Client,
     base: String,
 }
 
-async fn start() -> Web {
+async fn start(store: StoreKind) -> Web {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let running = ingest::start(IngestConfig::ephemeral(dir.path().join("ingest.db")))
-        .await
-        .expect("ingest starts");
+    let dir = TestDb::new(store);
+    let running = ingest::start(dir.config()).await.expect("ingest starts");
     let base = running.base_url();
     Web {
         running,
@@ -91,9 +95,9 @@ fn cookie_of(r: &reqwest::Response) -> String {
     set.split(';').next().expect("pair").trim().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sign_in_sets_a_hardened_session_cookie_the_api_accepts() {
-    let web = start().await;
+both_stores!(sign_in_sets_a_hardened_session_cookie_the_api_accepts);
+async fn sign_in_sets_a_hardened_session_cookie_the_api_accepts(store: StoreKind) {
+    let web = start(store).await;
     let wrong = web.sign_in("not-the-admin-secret").await;
     assert_eq!(wrong.status(), 401);
     assert!(wrong.headers().get("set-cookie").is_none());
@@ -159,9 +163,9 @@ async fn sign_in_sets_a_hardened_session_cookie_the_api_accepts() {
     web.running.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sign_in_form_posts_are_refused() {
-    let web = start().await;
+both_stores!(sign_in_form_posts_are_refused);
+async fn sign_in_form_posts_are_refused(store: StoreKind) {
+    let web = start(store).await;
     // A cross-site form can only send form encodings; sign-in takes JSON only.
     let r = web
         .http
@@ -176,9 +180,9 @@ async fn sign_in_form_posts_are_refused() {
     web.running.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_failures_within_a_minute_make_the_next_try_wait() {
-    let web = start().await;
+both_stores!(five_failures_within_a_minute_make_the_next_try_wait);
+async fn five_failures_within_a_minute_make_the_next_try_wait(store: StoreKind) {
+    let web = start(store).await;
     for i in 0..5 {
         let r = web.sign_in(&format!("wrong-{i}")).await;
         assert_eq!(r.status(), 401, "try {i}");
@@ -205,9 +209,9 @@ async fn five_failures_within_a_minute_make_the_next_try_wait() {
     web.running.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_changing_calls_on_the_cookie_need_the_csrf_token() {
-    let web = start().await;
+both_stores!(state_changing_calls_on_the_cookie_need_the_csrf_token);
+async fn state_changing_calls_on_the_cookie_need_the_csrf_token(store: StoreKind) {
+    let web = start(store).await;
     let cookie = web.session().await;
     let none = web.mint_with(&cookie, None).await;
     assert_eq!(none.status(), 401);
@@ -259,9 +263,9 @@ async fn state_changing_calls_on_the_cookie_need_the_csrf_token() {
     web.running.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pages_carry_the_content_security_policy_and_no_inline_code() {
-    let web = start().await;
+both_stores!(pages_carry_the_content_security_policy_and_no_inline_code);
+async fn pages_carry_the_content_security_policy_and_no_inline_code(store: StoreKind) {
+    let web = start(store).await;
     for (path, ctype) in [
         ("/", "text/html"),
         ("/assets/app.js", "text/javascript"),
@@ -306,9 +310,9 @@ async fn pages_carry_the_content_security_policy_and_no_inline_code() {
     web.running.shutdown().await.expect("shutdown");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sign_in_link_opens_a_session_once() {
-    let web = start().await;
+both_stores!(the_sign_in_link_opens_a_session_once);
+async fn the_sign_in_link_opens_a_session_once(store: StoreKind) {
+    let web = start(store).await;
     let link = web.running.sign_in_link().expect("link");
     assert!(
         link.starts_with(&format!("{}/ui/link?t=", web.base)),
@@ -356,9 +360,9 @@ async fn read_until(resp: &mut reqwest::Response, needle: &str, within: Duration
     text
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_stream_pushes_a_committed_event_and_ends_at_shutdown() {
-    let web = start().await;
+both_stores!(the_stream_pushes_a_committed_event_and_ends_at_shutdown);
+async fn the_stream_pushes_a_committed_event_and_ends_at_shutdown(store: StoreKind) {
+    let web = start(store).await;
     let admin = web.running.admin_client().unwrap();
     let key = admin.mint("acme", Some("s")).await.unwrap();
     let post = |id: &str| {
@@ -439,9 +443,9 @@ async fn the_stream_pushes_a_committed_event_and_ends_at_shutdown() {
     drop(resumed);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tools_figures_cover_the_last_hour() {
-    let web = start().await;
+both_stores!(tools_figures_cover_the_last_hour);
+async fn tools_figures_cover_the_last_hour(store: StoreKind) {
+    let web = start(store).await;
     let admin = web.running.admin_client().unwrap();
     let key = admin.mint("acme", None).await.unwrap();
     let events: Vec<Value> = (0..4)
@@ -489,11 +493,11 @@ async fn tools_figures_cover_the_last_hour() {
     web.running.shutdown().await.expect("shutdown");
 }
 
+both_stores!(planted_canaries_reach_no_byte_the_live_view_serves);
 /// Private values planted in a real sensor's call arguments (under innocent and guilty key
 /// names) appear in none of the bytes the live view serves: the stream, the tools figures, the
 /// keys and the sensors counters the page reads.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn planted_canaries_reach_no_byte_the_live_view_serves() {
+async fn planted_canaries_reach_no_byte_the_live_view_serves(store: StoreKind) {
     use std::io::{BufRead, BufReader, Write};
     use std::process::{Command, Stdio};
 
@@ -505,7 +509,7 @@ async fn planted_canaries_reach_no_byte_the_live_view_serves() {
         "sk_live_CANARY0123456789abcdef",
         "hunter2-canary-password",
     ];
-    let web = start().await;
+    let web = start(store).await;
     let admin = web.running.admin_client().unwrap();
     let key = admin.mint("acme", None).await.unwrap();
 

@@ -399,10 +399,14 @@ async fn serve(cfg: IngestConfig) -> anyhow::Result<()> {
         Some(SecretSetting::Value(_)) => format!("signing key from {ENV_SIGNING_SECRET}"),
         None => format!("signing key {}", keys::signing_secret_path(&db).display()),
     };
+    let admin_file_given = cfg.admin_secret_file.is_some() && cfg.admin_secret.is_none();
     let running = ingest::start(cfg).await?;
     match running.admin_secret_source() {
         AdminSecretSource::Provided => {
             tracing::info!("Admin secret given");
+        }
+        AdminSecretSource::File { path, .. } if admin_file_given => {
+            tracing::info!("Admin secret read from {}", path.display());
         }
         AdminSecretSource::File { path, created } => {
             let verb = if *created {

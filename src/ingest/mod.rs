@@ -10,7 +10,8 @@
 //! * [`admission`]: the per-key limit and the shared batch slots, refusals counted per key.
 //! * [`batch`]: reading a batch body without building it as a tree.
 //! * [`store`]: the [`store::Store`] trait every database keeps, and its implementations:
-//!   [`store::sqlite`] (WAL, `synchronous=FULL`, one writer thread with group commit).
+//!   [`store::sqlite`] (WAL, `synchronous=FULL`, one writer thread with group commit) and
+//!   [`store::postgres`] (several replicas over one database, `--db postgres://…`).
 //! * [`keys`]: sensor-token signatures and the admin secret, checked in constant time.
 //! * [`admin`]: the client `bounded-ingest mint` / `revoke` (and tests, and demos) use.
 //! * [`tls`]: HTTPS (`--tls-cert` / `--tls-key`, rustls with ring).
@@ -401,7 +402,11 @@ pub async fn start(cfg: IngestConfig) -> Result<RunningIngest, IngestError> {
         source,
     })?;
     let admin_secret = admin.expose().to_string();
-    let web = Arc::new(web::WebState::new(tls.is_some()));
+    let web = web::WebState::new(tls.is_some());
+    let web = Arc::new(match cfg.postgres {
+        Some(_) => web.shared_store(),
+        None => web,
+    });
     let state = Arc::new(server::AppState {
         store: store.clone(),
         signer,

@@ -178,8 +178,9 @@ fn bearer(headers: &HeaderMap) -> Result<&str, &'static str> {
     Ok(cred)
 }
 
-/// Checks the sensor token: shape, signature (constant time), key known and not revoked.
-fn authenticate_sensor(state: &AppState, headers: &HeaderMap) -> Result<KeyRecord, ApiError> {
+/// Checks the sensor token: shape, signature (constant time), key known and not revoked. The
+/// store is asked only for a token whose signature is ours.
+async fn authenticate_sensor(state: &AppState, headers: &HeaderMap) -> Result<KeyRecord, ApiError> {
     let cred = bearer(headers).map_err(unauthorized)?;
     let token = SensorToken::parse(cred).map_err(|_| unauthorized("malformed sensor token"))?;
     if !state.signer.verify(&token) {
@@ -187,7 +188,9 @@ fn authenticate_sensor(state: &AppState, headers: &HeaderMap) -> Result<KeyRecor
     }
     let key = state
         .store
-        .key(token.key_id())
+        .key(token.key_id().to_string())
+        .await
+        .map_err(store_failed)?
         .ok_or_else(|| unauthorized("invalid sensor token"))?;
     if key.revoked_at.is_some() {
         return Err(unauthorized("sensor key revoked"));
@@ -397,7 +400,7 @@ fn evidence_of(m: &Map<String, Value>, received_at: &str) -> Evidence {
 }
 
 async fn post_events(State(state): State<Shared>, headers: HeaderMap, body: Body) -> ApiResult {
-    let key = authenticate_sensor(&state, &headers)?;
+    let key = authenticate_sensor(&state, &headers).await?;
     // The key's turn before its body (bounds what one key holds in memory), the shared slot
     // only once the body is in (a slow body never holds a slot other keys need).
     let _turn = state

@@ -115,6 +115,35 @@ impl PgCluster {
         self.port
     }
 
+    /// Turns TLS on with this certificate chain and key (PEM), as a managed database serves
+    /// it: written into the data directory for the server's user, then a configuration reload.
+    /// Plain connections stay allowed; `sslmode` decides.
+    pub fn enable_tls(&self, cert_pem: &str, key_pem: &str) {
+        for (name, pem) in [("server.crt", cert_pem), ("server.key", key_pem)] {
+            let path = self.data_dir().join(name);
+            std::fs::write(&path, pem).expect("write TLS file");
+            // The server refuses a key that others can read.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod TLS file");
+            if let Some((uid, gid)) = self.run_as {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown TLS file");
+            }
+        }
+        // Two calls: ALTER SYSTEM refuses to run inside the one transaction of a multi-statement
+        // string.
+        self.psql("postgres", "ALTER SYSTEM SET ssl = on");
+        self.psql("postgres", "SELECT pg_reload_conf()");
+        let deadline = Instant::now() + START_TIMEOUT;
+        while self.psql("postgres", "SHOW ssl") != "on" {
+            assert!(
+                Instant::now() < deadline,
+                "TLS did not come on; server log:\n{}",
+                self.server_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The temporary directory holding the cluster (gone once the cluster is dropped).
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -111,6 +111,15 @@ impl TestDb {
         }
     }
 
+    /// The token signer the ingest uses, to make tokens it did not mint.
+    pub fn signer(&self) -> keys::Signer {
+        match &self.url {
+            None => keys::Signer::load_or_create(&self.sqlite_path()).expect("signing key"),
+            Some(_) => keys::Signer::from_setting(&SecretSetting::File(self.signing_secret_file()))
+                .expect("signing key"),
+        }
+    }
+
     /// An in-process ingest on 127.0.0.1:0 over this database.
     pub fn config(&self) -> IngestConfig {
         let mut cfg = IngestConfig::ephemeral(self.sqlite_path());
@@ -171,25 +180,24 @@ impl TestDb {
     }
 }
 
-/// One async test body, run once per store: `both_stores! { async fn name(store) { … } }`
-/// makes `name::sqlite` and `name::postgres`, each a multi-threaded tokio test.
+/// Runs `async fn name(store: StoreKind)` once per store: `both_stores!(name)` (or
+/// `both_stores!(name, threads)`) makes the tests `name::sqlite` and `name::postgres`, each on a
+/// multi-threaded tokio runtime.
 #[macro_export]
 macro_rules! both_stores {
-    ($(#[$meta:meta])* async fn $name:ident($store:ident) $body:block) => {
+    ($name:ident) => {
+        $crate::both_stores!($name, 2);
+    };
+    ($name:ident, $threads:literal) => {
         mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-            $(#[$meta])*
-            async fn body($store: $crate::store_support::StoreKind) $body
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
             async fn sqlite() {
-                body($crate::store_support::StoreKind::Sqlite).await
+                super::$name($crate::store_support::StoreKind::Sqlite).await
             }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
             async fn postgres() {
-                body($crate::store_support::StoreKind::Postgres).await
+                super::$name($crate::store_support::StoreKind::Postgres).await
             }
         }
     };

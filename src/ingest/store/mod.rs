@@ -7,8 +7,9 @@
 //! which store runs: an outcome is reported only after the transaction holding it has
 //! committed; a batch is committed whole or not at all; an event id is stored once per org
 //! (a retried batch counts as duplicates); a batch whose key was revoked before it reached the
-//! store stores nothing; [`Store::key`] answers from memory without waiting on the database; no
-//! blocking database call runs on an async worker thread. A store never sees a raw request:
+//! store stores nothing; [`Store::key`] answers the key as last committed by anyone sharing the
+//! database (SQLite, owned by one process, from memory; PostgreSQL from the database, see
+//! [`postgres`]); no blocking database call runs on an async worker thread. A store never sees a raw request:
 //! rows arrive filtered and stamped by the server.
 
 use futures_util::future::BoxFuture;
@@ -26,10 +27,10 @@ pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 
 /// The ingest's database, whichever it is.
 pub trait Store: Send + Sync {
-    /// The key as last committed, from memory (no database round trip on the request path).
-    fn key(&self, key_id: &str) -> Option<KeyRecord>;
-    /// Every key, revoked ones included, from memory.
-    fn key_records(&self) -> Vec<KeyRecord>;
+    /// The key as last committed, by this process or any other sharing the database.
+    fn key(&self, key_id: String) -> StoreFuture<'_, Option<KeyRecord>>;
+    /// Every key, revoked ones included, as last committed.
+    fn key_records(&self) -> StoreFuture<'_, Vec<KeyRecord>>;
     /// Stores a batch; resolves after the commit.
     fn write_batch(&self, batch: BatchWrite) -> StoreFuture<'_, BatchOutcome>;
     /// Stores a new key; resolves after the commit.

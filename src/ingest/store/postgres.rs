@@ -450,49 +450,26 @@ pub async fn open(connect: &PgConnect) -> Result<Client, PgOpenError> {
 /// handlers, as SQLite's writer queue).
 const POOL_SIZE: usize = 8;
 
-type KeyCache = std::sync::RwLock<std::collections::HashMap<String, KeyRecord>>;
-
-/// The PostgreSQL [`Store`]: a pool of connections, the keys in memory.
+/// The PostgreSQL [`Store`]: a pool of connections, and no state of its own.
 ///
-/// The key cache holds the keys at open plus this replica's own mints and revocations; a key
-/// minted or revoked through another replica reaches it only at its next start (shared
-/// invalidation comes with LISTEN/NOTIFY). A batch is never stored under a revoked key either
-/// way: [`Store::write_batch`] reads the key inside its transaction.
+/// Keys are read from the database on every check, never cached: a key minted or revoked
+/// through any replica is seen by every other on its next request, with no invalidation to
+/// get wrong or lose with a connection (rejected: LISTEN/NOTIFY, which needs a connection per
+/// replica and a full cache reset after any lost notification; and a cache with a time limit,
+/// which still lets a revoked key through for that long). The check is one primary-key read
+/// per batch. A batch is never stored under a revoked key either way: [`Store::write_batch`]
+/// reads the key again inside its transaction, so a revocation committing between the check
+/// and the batch still wins.
 pub struct PgStore {
     pool: deadpool_postgres::Pool,
-    keys: KeyCache,
     /// Batches are written through it, grouped (see [`write`]).
     writer: write::GroupWriter,
 }
 
 impl PgStore {
-    /// Opens the database (see [`open`]) and loads the keys.
+    /// Opens the database (see [`open`]).
     pub async fn open(connect: &PgConnect) -> Result<std::sync::Arc<PgStore>, PgOpenError> {
-        let client = open(connect).await?;
-        let db = |cause| PgOpenError::Db {
-            target: connect.target().clone(),
-            cause,
-        };
-        let keys = client
-            .query(
-                "SELECT key_id, org, name, created_at, revoked_at FROM keys",
-                &[],
-            )
-            .await
-            .map_err(db)?
-            .iter()
-            .map(|r| {
-                let k = KeyRecord {
-                    key_id: r.get(0),
-                    org: r.get(1),
-                    name: r.get(2),
-                    created_at: r.get(3),
-                    revoked_at: r.get(4),
-                };
-                (k.key_id.clone(), k)
-            })
-            .collect();
-        drop(client);
+        drop(open(connect).await?);
         let pool = deadpool_postgres::Pool::builder(connect.manager())
             .max_size(POOL_SIZE)
             .build()
@@ -500,7 +477,6 @@ impl PgStore {
         Ok(std::sync::Arc::new(PgStore {
             writer: write::GroupWriter::start(pool.clone()),
             pool,
-            keys: std::sync::RwLock::new(keys),
         }))
     }
 
@@ -508,7 +484,7 @@ impl PgStore {
         self.pool
             .get()
             .await
-            .map_err(|e| StoreError::Pool(e.to_string()))
+            .map_err(|e| StoreError::Pool(super::chain(&e)))
     }
 
     async fn mint_now(&self, k: KeyRecord) -> Result<(), StoreError> {
@@ -520,7 +496,6 @@ impl PgStore {
                 &[&k.key_id, &k.org, &k.name, &k.created_at],
             )
             .await?;
-        crate::lock::write(&self.keys).insert(k.key_id.clone(), k);
         Ok(())
     }
 
@@ -533,9 +508,6 @@ impl PgStore {
             )
             .await?;
         if updated == 1 {
-            if let Some(k) = crate::lock::write(&self.keys).get_mut(&key_id) {
-                k.revoked_at = Some(at);
-            }
             return Ok(RevokeOutcome::Revoked);
         }
         let known = c
@@ -758,6 +730,16 @@ impl PgStore {
     }
 }
 
+fn key_record(r: &tokio_postgres::Row) -> KeyRecord {
+    KeyRecord {
+        key_id: r.get(0),
+        org: r.get(1),
+        name: r.get(2),
+        created_at: r.get(3),
+        revoked_at: r.get(4),
+    }
+}
+
 /// Largest integer an f64 holds exactly.
 const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
 
@@ -770,11 +752,31 @@ fn number(total: f64, all_int: bool) -> Value {
 }
 
 impl Store for PgStore {
-    fn key(&self, key_id: &str) -> Option<KeyRecord> {
-        crate::lock::read(&self.keys).get(key_id).cloned()
+    fn key(&self, key_id: String) -> StoreFuture<'_, Option<KeyRecord>> {
+        Box::pin(async move {
+            let row = self
+                .conn()
+                .await?
+                .query_opt(
+                    "SELECT key_id, org, name, created_at, revoked_at FROM keys WHERE key_id = $1",
+                    &[&key_id],
+                )
+                .await?;
+            Ok(row.as_ref().map(key_record))
+        })
     }
-    fn key_records(&self) -> Vec<KeyRecord> {
-        crate::lock::read(&self.keys).values().cloned().collect()
+    fn key_records(&self) -> StoreFuture<'_, Vec<KeyRecord>> {
+        Box::pin(async move {
+            let rows = self
+                .conn()
+                .await?
+                .query(
+                    "SELECT key_id, org, name, created_at, revoked_at FROM keys",
+                    &[],
+                )
+                .await?;
+            Ok(rows.iter().map(key_record).collect())
+        })
     }
     fn write_batch(&self, batch: BatchWrite) -> StoreFuture<'_, BatchOutcome> {
         Box::pin(self.writer.write(batch))
@@ -797,9 +799,20 @@ impl Store for PgStore {
             .await
         })
     }
+    /// Sequence values are handed out at insert, not at commit: a batch still committing can
+    /// hold lower ones than a batch that has committed, and a reader following the sequence
+    /// (the live view's stream) would move past it for good. So the read first takes the table
+    /// in SHARE mode, which waits for every transaction inserting into it to end and holds new
+    /// ones off for the few milliseconds of the read: then every value below the highest seen
+    /// is committed or never will be.
     fn events_after(&self, after: Option<i64>, limit: u32) -> StoreFuture<'_, Vec<(i64, String)>> {
         Box::pin(async move {
-            let c = self.conn().await?;
+            let mut conn = self.conn().await?;
+            let c = conn.transaction().await?;
+            // Batches take milliseconds; one stuck longer fails this read (the stream ends and
+            // the browser reconnects) rather than holding every writer behind it.
+            c.batch_execute("SET LOCAL lock_timeout = '2s'; LOCK TABLE events IN SHARE MODE")
+                .await?;
             let limit = i64::from(limit);
             let rows = match after {
                 Some(after) => {
@@ -819,6 +832,7 @@ impl Store for PgStore {
                     .await?
                 }
             };
+            c.commit().await?;
             Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
         })
     }

@@ -746,11 +746,12 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
-    fn key(&self, key_id: &str) -> Option<KeyRecord> {
-        SqliteStore::key(self, key_id)
+    // From memory: this process is the only writer of the file, and keeps the map current.
+    fn key(&self, key_id: String) -> StoreFuture<'_, Option<KeyRecord>> {
+        Box::pin(std::future::ready(Ok(SqliteStore::key(self, &key_id))))
     }
-    fn key_records(&self) -> Vec<KeyRecord> {
-        SqliteStore::key_records(self)
+    fn key_records(&self) -> StoreFuture<'_, Vec<KeyRecord>> {
+        Box::pin(std::future::ready(Ok(SqliteStore::key_records(self))))
     }
     fn write_batch(&self, batch: BatchWrite) -> StoreFuture<'_, BatchOutcome> {
         Box::pin(SqliteStore::write_batch(self, batch))

@@ -17,7 +17,16 @@
 //!   [`SESSION_TTL`], links after [`LINK_TTL`] or their first use, failures after
 //!   [`FAILURE_WINDOW`];
 //! * hold the store: it reads through the store's read pool like the API does, and the event
-//!   stream wakes on commits ([`WebState::committed`]) instead of polling.
+//!   stream wakes on commits ([`WebState::committed`]) instead of polling. Commits through
+//!   other replicas of a shared database (PostgreSQL) ring no bell here, so there the stream
+//!   also reads every [`SHARED_STORE_POLL`].
+//!
+//! Sessions, sign-in links and failure counts live in this process's memory. Behind a load
+//! balancer over several replicas, the live view needs sticky sessions (affinity by client
+//! address or by the session cookie): a session made on one replica is unknown to the others,
+//! which answer 401 and show the sign-in again. Kept that way on purpose: sessions in the
+//! database would add a table, a write per sign-in and a read per request for a page a few
+//! operators open, and sign-out would still have to reach every replica.
 
 mod stats;
 
@@ -60,6 +69,9 @@ pub const CSP: &str =
 const STREAM_BACKLOG: u32 = 200;
 /// A comment line on a quiet stream, well inside the ingest's idle timeout.
 const STREAM_KEEPALIVE: Duration = Duration::from_secs(15);
+/// How often the event stream reads a store that other replicas also write: their commits
+/// reach the page within this.
+pub const SHARED_STORE_POLL: Duration = Duration::from_secs(1);
 /// Most sessions kept at once; past it the oldest is dropped (sign-ins need the admin secret,
 /// so this only bounds memory).
 const MAX_SESSIONS: usize = 1024;
@@ -88,6 +100,8 @@ pub(crate) struct WebState {
     closing: watch::Sender<bool>,
     /// Cookies get `Secure` when the ingest serves TLS.
     secure: bool,
+    /// Set when other processes commit to the store too: the stream reads this often.
+    poll: Option<Duration>,
 }
 
 impl WebState {
@@ -99,7 +113,14 @@ impl WebState {
             committed: watch::channel(0).0,
             closing: watch::channel(false).0,
             secure,
+            poll: None,
         }
+    }
+
+    /// For a store other replicas write too: streams also read every [`SHARED_STORE_POLL`].
+    pub(crate) fn shared_store(mut self) -> Self {
+        self.poll = Some(SHARED_STORE_POLL);
+        self
     }
 
     /// Called after a batch committed new events: wakes every open stream.
@@ -475,6 +496,7 @@ async fn stream(State(state): State<Shared>, headers: HeaderMap) -> Response {
         closing,
         pending: VecDeque::new(),
         fresh: true,
+        last_sent: Instant::now(),
     };
     let body = futures_util::stream::unfold(st, next_chunk);
     let mut r = Response::new(Body::from_stream(body));
@@ -495,6 +517,8 @@ struct StreamState {
     pending: VecDeque<bytes::Bytes>,
     /// Read the store before the first wait.
     fresh: bool,
+    /// When the last chunk went out, for the keep-alive.
+    last_sent: Instant,
 }
 
 async fn next_chunk(
@@ -505,6 +529,7 @@ async fn next_chunk(
             return None;
         }
         if let Some(chunk) = st.pending.pop_front() {
+            st.last_sent = Instant::now();
             return Some((Ok(chunk), st));
         }
         if st.fresh {
@@ -516,6 +541,14 @@ async fn next_chunk(
                     .push_back(bytes::Bytes::from_static(b"retry: 2000\n\n"));
             }
         } else {
+            let poll_every = st.app.web.poll;
+            let poll = async move {
+                match poll_every {
+                    Some(every) => tokio::time::sleep(every).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let keepalive_at = tokio::time::Instant::from_std(st.last_sent + STREAM_KEEPALIVE);
             tokio::select! {
                 changed = st.committed.changed() => {
                     if changed.is_err() {
@@ -523,7 +556,9 @@ async fn next_chunk(
                     }
                 }
                 _ = st.closing.changed() => return None,
-                () = tokio::time::sleep(STREAM_KEEPALIVE) => {
+                () = poll => {}
+                () = tokio::time::sleep_until(keepalive_at) => {
+                    st.last_sent = Instant::now();
                     return Some((Ok(bytes::Bytes::from_static(b": keep-alive\n\n")), st));
                 }
             }
@@ -559,7 +594,16 @@ async fn keys(State(state): State<Shared>, headers: HeaderMap) -> Response {
     if !authorized(&state, &headers) {
         return json_error(StatusCode::UNAUTHORIZED, "sign in first");
     }
-    let mut keys = state.store.key_records();
+    let mut keys = match state.store.key_records().await {
+        Ok(keys) => keys,
+        Err(e) => {
+            tracing::warn!(error = %e, "Live view keys read failed");
+            return json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store unavailable; retry later",
+            );
+        }
+    };
     keys.sort_by(|a, b| b.created_at.cmp(&a.created_at));
     hardened(Json(json!({ "keys": keys })).into_response())
 }
