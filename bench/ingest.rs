@@ -21,8 +21,11 @@ use std::time::{Duration, Instant};
 use bounded_observe_mcp::ingest::{self, IngestConfig};
 use serde_json::json;
 
-/// DESIGN §4: the sensor's batch size.
-const BATCH_EVENTS: usize = 500;
+/// DESIGN §4: the sensor's batch size (full batches: a busy sensor). `INGEST_BENCH_EVENTS`
+/// sets another (a quiet sensor flushes fewer on its interval).
+fn batch_events() -> usize {
+    env_usize("INGEST_BENCH_EVENTS", 500).min(500)
+}
 const DEFAULT_SENDERS: usize = 4;
 const DEFAULT_BATCHES_PER_SENDER: usize = 60;
 /// Batches per sender when run by `cargo test` rather than `cargo bench`.
@@ -48,7 +51,7 @@ fn session_id(sender: usize) -> String {
 }
 
 fn batch_body(sender: usize, batch: usize) -> Vec<u8> {
-    let events: Vec<_> = (0..BATCH_EVENTS)
+    let events: Vec<_> = (0..batch_events())
         .map(|i| {
             let n = ((sender as u128) << 96) | ((batch as u128) << 32) | i as u128;
             let refund = i % 3 == 0;
@@ -62,6 +65,7 @@ fn batch_body(sender: usize, batch: usize) -> Vec<u8> {
                     "rail": "mcp",
                     "action": if refund { "issue_refund" } else { "lookup_order" },
                     "registryVersion": "3f9a1c2b7d4e5f60",
+                    "toolDef": if refund { "9c1e5a7b3d2f4e60" } else { "5b7d9f1a3c2e4d68" },
                     "fields": if refund {
                         json!({ "amount_cents": 4900 + i as u64, "currency": "EUR", "reason": "damaged" })
                     } else {
@@ -76,7 +80,7 @@ fn batch_body(sender: usize, batch: usize) -> Vec<u8> {
                 "session": { "id": session_id(sender), "protocol": "2025-06-18", "client": "claude-code" },
             });
             if failed {
-                e["err"] = json!({ "kind": "tool" });
+                e["err"] = json!({ "kind": "tool", "fp": "7e3a9c1b5d2f4a60" });
             }
             e
         })
@@ -134,10 +138,107 @@ fn main() {
         }
         return;
     }
+    if std::env::args().any(|a| a == "--pg") {
+        let runs = env_usize("INGEST_BENCH_RUNS", if measuring { 3 } else { 1 });
+        if let Err(e) = rt.block_on(pg::http(senders, batches, runs, measuring)) {
+            eprintln!("ingest bench: FAILED: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if std::env::args().any(|a| a == "--pg-store") {
+        if let Err(e) = rt.block_on(pg::store_level(senders, batches)) {
+            eprintln!("ingest bench: FAILED: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(e) = rt.block_on(run(senders, batches, measuring)) {
         eprintln!("ingest bench: FAILED: {e}");
         std::process::exit(1);
     }
+}
+
+/// What [`send_all`] measured.
+struct Sent {
+    /// Every timed POST (request written → answer read), sorted.
+    latencies: Vec<Duration>,
+    accepted: u64,
+    /// First timed POST sent → last answer read.
+    wall: Duration,
+    /// CPU used by this process meanwhile (the senders, and the server when it runs in here).
+    own_cpu: Option<Duration>,
+}
+
+/// One task per `(url, token, bodies)`, each posting its bodies one after the other (as a
+/// sensor does: one request in flight); the first [`WARMUP_BATCHES`] untimed, then all senders
+/// start the timed ones together. `at_start` runs just as the clock starts (to read other
+/// processes' CPU).
+async fn send_all(
+    work: Vec<(String, String, Vec<Vec<u8>>)>,
+    at_start: impl FnOnce(),
+) -> Result<Sent, String> {
+    let start_gate = std::sync::Arc::new(tokio::sync::Barrier::new(work.len() + 1));
+    let mut tasks = Vec::new();
+    for (url, token, bodies) in work {
+        let gate = start_gate.clone();
+        tasks.push(tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let post = |body: Vec<u8>| {
+                http.post(&url)
+                    .bearer_auth(&token)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+            };
+            let mut bodies = bodies.into_iter();
+            let mut warm = Ok(());
+            for body in bodies.by_ref().take(WARMUP_BATCHES) {
+                match post(body).await {
+                    Ok(resp) if resp.status().is_success() => {}
+                    Ok(resp) => warm = Err(format!("warm-up batch answered {}", resp.status())),
+                    Err(e) => warm = Err(e.to_string()),
+                }
+            }
+            // Every sender reaches the gate, failed or not: the others wait for it there.
+            gate.wait().await;
+            warm?;
+            let mut lat = Vec::new();
+            let mut accepted = 0u64;
+            for body in bodies {
+                let t = Instant::now();
+                let resp = post(body).await.map_err(|e| e.to_string())?;
+                let status = resp.status();
+                let v: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+                lat.push(t.elapsed());
+                if !status.is_success() {
+                    return Err(format!("batch answered {status}: {v}"));
+                }
+                accepted += v["accepted"].as_u64().unwrap_or(0);
+            }
+            Ok::<_, String>((lat, accepted))
+        }));
+    }
+    start_gate.wait().await;
+    let t0 = Instant::now();
+    let cpu0 = process_cpu();
+    at_start();
+    let mut latencies = Vec::new();
+    let mut accepted = 0u64;
+    for t in tasks {
+        let (l, a) = t.await.map_err(|e| e.to_string())??;
+        latencies.extend(l);
+        accepted += a;
+    }
+    let wall = t0.elapsed();
+    let own_cpu = process_cpu().zip(cpu0).map(|(a, b)| a.saturating_sub(b));
+    latencies.sort();
+    Ok(Sent {
+        latencies,
+        accepted,
+        wall,
+        own_cpu,
+    })
 }
 
 async fn run(senders: usize, batches: usize, measuring: bool) -> Result<(), String> {
@@ -163,61 +264,17 @@ async fn run(senders: usize, batches: usize, measuring: bool) -> Result<(), Stri
     }
     let body_bytes = work.first().and_then(|w| w.1.first()).map_or(0, Vec::len);
 
-    let start_gate = std::sync::Arc::new(tokio::sync::Barrier::new(senders + 1));
-    let mut tasks = Vec::new();
-    for (token, bodies) in work {
-        let url = url.clone();
-        let gate = start_gate.clone();
-        tasks.push(tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let post = |body: Vec<u8>| {
-                http.post(&url)
-                    .bearer_auth(&token)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-            };
-            let mut bodies = bodies.into_iter();
-            for body in bodies.by_ref().take(WARMUP_BATCHES) {
-                let resp = post(body).await.map_err(|e| e.to_string())?;
-                if !resp.status().is_success() {
-                    return Err(format!("warm-up batch answered {}", resp.status()));
-                }
-            }
-            gate.wait().await;
-            let mut lat = Vec::new();
-            let mut accepted = 0u64;
-            for body in bodies {
-                let t = Instant::now();
-                let resp = post(body).await.map_err(|e| e.to_string())?;
-                let status = resp.status();
-                let v: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
-                lat.push(t.elapsed());
-                if !status.is_success() {
-                    return Err(format!("batch answered {status}: {v}"));
-                }
-                accepted += v["accepted"].as_u64().unwrap_or(0);
-            }
-            Ok::<_, String>((lat, accepted))
-        }));
-    }
-    start_gate.wait().await;
-    let t0 = Instant::now();
-    let cpu0 = process_cpu();
-    let mut lat = Vec::new();
-    let mut accepted = 0u64;
-    for t in tasks {
-        let (l, a) = t.await.map_err(|e| e.to_string())??;
-        lat.extend(l);
-        accepted += a;
-    }
-    let wall = t0.elapsed();
-    let cpu = process_cpu().zip(cpu0).map(|(a, b)| a.saturating_sub(b));
-    lat.sort();
+    let work = work
+        .into_iter()
+        .map(|(token, bodies)| (url.clone(), token, bodies))
+        .collect();
+    let sent = send_all(work, || {}).await?;
+    let (lat, accepted, wall) = (sent.latencies, sent.accepted, sent.wall);
+    let cpu = sent.own_cpu;
 
     running.shutdown().await.map_err(|e| e.to_string())?;
     // Count what is on disk after a clean close: every accepted event must be there.
-    let expected_rows = accepted + (senders * WARMUP_BATCHES * BATCH_EVENTS) as u64;
+    let expected_rows = accepted + (senders * WARMUP_BATCHES * batch_events()) as u64;
     let rows: u64 = {
         let c = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
         c.query_row("SELECT COUNT(*) FROM events", [], |r| r.get::<_, i64>(0))
@@ -241,7 +298,8 @@ async fn run(senders: usize, batches: usize, measuring: bool) -> Result<(), Stri
         env!("CARGO_TARGET_TMPDIR")
     );
     println!(
-        "  {senders} senders x {batches} batches x {BATCH_EVENTS} events ({body_bytes} bytes/batch), {} POSTs timed",
+        "  {senders} senders x {batches} batches x {} events ({body_bytes} bytes/batch), {} POSTs timed",
+        batch_events(),
         lat.len()
     );
     println!(
@@ -276,6 +334,475 @@ async fn run(senders: usize, batches: usize, measuring: bool) -> Result<(), Stri
         return Err(format!("{rows} rows stored, {expected_rows} accepted"));
     }
     Ok(())
+}
+
+#[path = "../tests/pg_support/mod.rs"]
+mod pg_support;
+
+/// The PostgreSQL rows: a durable cluster made as the tests make theirs (tests/pg_support), with
+/// `fsync=on` and `synchronous_commit=on`.
+mod pg {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bounded_observe_mcp::ingest::store::postgres::{PgConnect, PgStore};
+    use bounded_observe_mcp::ingest::store::{
+        BatchOutcome, BatchWrite, EventRow, Evidence, KeyRecord, Store,
+    };
+
+    use super::pg_support::PgCluster;
+    use super::{
+        batch_body, batch_events, load, percentile, TARGET_EVENTS_PER_SEC as TARGET, WARMUP_BATCHES,
+    };
+
+    /// The rows the server would hand the store for [`batch_body`]: each event with `org`,
+    /// `sensor` and `receivedAt` added, and its evidence fields.
+    fn batch_write(sender: usize, batch: usize, key_id: &str) -> Result<BatchWrite, String> {
+        let body: serde_json::Value =
+            serde_json::from_slice(&batch_body(sender, batch)).map_err(|e| e.to_string())?;
+        let received_at = "2026-12-01T02:00:00.000Z".to_string();
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        let rows = body["events"]
+            .as_array()
+            .ok_or("no events")?
+            .iter()
+            .map(|e| {
+                let mut m = e.clone();
+                m["org"] = "bench".into();
+                m["sensor"] = key_id.into();
+                m["receivedAt"] = received_at.clone().into();
+                EventRow {
+                    id: text(&e["id"]),
+                    actor: text(&e["actor"]["id"]),
+                    action: text(&e["rec"]["action"]),
+                    class: text(&e["class"]),
+                    body: m.to_string(),
+                    evidence: Evidence {
+                        host: text(&e["dest"]["host"]),
+                        seen: text(&e["ts"]),
+                        tool_defs: vec![text(&e["rec"]["toolDef"])],
+                        error: e["err"]["fp"]
+                            .as_str()
+                            .map(|fp| (fp.to_owned(), "tool".to_owned(), None)),
+                        catalog: None,
+                    },
+                }
+            })
+            .collect();
+        Ok(BatchWrite {
+            key_id: key_id.into(),
+            org: "bench".into(),
+            received_at,
+            rows,
+            dropped: 0,
+            health: Default::default(),
+            sensor_version: Some("0.1.0".into()),
+            sensor_transport: Some("stdio".into()),
+        })
+    }
+
+    /// Store level (no HTTP, no parsing): `senders` writers per store, one and two stores
+    /// (replicas) over one durable database.
+    pub async fn store_level(senders: usize, batches: usize) -> Result<(), String> {
+        let pg = tokio::task::spawn_blocking(PgCluster::start_durable)
+            .await
+            .map_err(|e| e.to_string())?;
+        for replicas in [1usize, 2] {
+            let name = format!("store_{replicas}");
+            let url = {
+                let pg = &pg;
+                pg.create_database(&name)
+            };
+            let connect = PgConnect::new(&url, &[]).map_err(|e| e.to_string())?;
+            let mut stores: Vec<Arc<PgStore>> = Vec::new();
+            for _ in 0..replicas {
+                stores.push(PgStore::open(&connect).await.map_err(|e| e.to_string())?);
+            }
+            let mut work = Vec::new();
+            for s in 0..senders * replicas {
+                let key_id = format!("k_bench{s}");
+                stores[0]
+                    .mint(KeyRecord {
+                        key_id: key_id.clone(),
+                        org: "bench".into(),
+                        name: None,
+                        created_at: "2026-12-01T00:00:00.000Z".into(),
+                        revoked_at: None,
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let writes = (0..WARMUP_BATCHES + batches)
+                    .map(|b| batch_write(s, b, &key_id))
+                    .collect::<Result<Vec<_>, _>>()?;
+                work.push((stores[s % replicas].clone(), writes));
+            }
+            let gate = Arc::new(tokio::sync::Barrier::new(work.len() + 1));
+            let tasks: Vec<_> = work
+                .into_iter()
+                .map(|(store, writes)| {
+                    let gate = gate.clone();
+                    tokio::spawn(async move {
+                        let mut writes = writes.into_iter();
+                        for w in writes.by_ref().take(WARMUP_BATCHES) {
+                            store.write_batch(w).await.map_err(|e| e.to_string())?;
+                        }
+                        gate.wait().await;
+                        let mut lat = Vec::new();
+                        let mut accepted = 0;
+                        for w in writes {
+                            let t = Instant::now();
+                            match store.write_batch(w).await.map_err(|e| e.to_string())? {
+                                BatchOutcome::Stored { accepted: a, .. } => accepted += a,
+                                BatchOutcome::KeyRevoked => return Err("revoked".to_string()),
+                            }
+                            lat.push(t.elapsed());
+                        }
+                        Ok::<_, String>((lat, accepted))
+                    })
+                })
+                .collect();
+            let postmaster = pg.postmaster_pid();
+            gate.wait().await;
+            let t0 = Instant::now();
+            let (own0, pg0) = (super::process_cpu(), super::server_cpu(postmaster));
+            let mut lat: Vec<Duration> = Vec::new();
+            let mut accepted = 0u64;
+            for t in tasks {
+                let (l, a) = t.await.map_err(|e| e.to_string())??;
+                lat.extend(l);
+                accepted += a;
+            }
+            let wall = t0.elapsed();
+            let own = super::process_cpu()
+                .zip(own0)
+                .map_or(Duration::ZERO, |(a, b)| a.saturating_sub(b));
+            let server = super::server_cpu(postmaster).saturating_sub(pg0);
+            lat.sort();
+            for s in &stores {
+                s.close().await;
+            }
+            let rows = pg.psql(&name, "SELECT count(*) FROM events");
+            println!(
+                "  pg store level, {replicas} replica(s) x {senders} writers x {batches} batches x {}: \
+                 {:.0} events/s, write p50 {:.1} ms p99 {:.1} ms, {rows} rows, load {}; \
+                 CPU per event: store {:.1} us, PostgreSQL {:.1} us",
+                batch_events(),
+                accepted as f64 / wall.as_secs_f64(),
+                percentile(&lat, 0.5).as_secs_f64() * 1e3,
+                percentile(&lat, 0.99).as_secs_f64() * 1e3,
+                load(),
+                own.as_secs_f64() * 1e6 / accepted.max(1) as f64,
+                server.as_secs_f64() * 1e6 / accepted.max(1) as f64,
+            );
+        }
+        Ok(())
+    }
+
+    /// One row of the HTTP table.
+    pub struct Row {
+        pub label: String,
+        pub eps: f64,
+        pub p50: Duration,
+        pub p99: Duration,
+        /// CPU per accepted event, µs: the ingest processes, PostgreSQL, this process (senders).
+        pub cpu_ingest: f64,
+        pub cpu_pg: f64,
+        pub cpu_senders: f64,
+        pub load: String,
+    }
+
+    /// `replicas` real `bounded-ingest serve` processes over `db` (a PostgreSQL URL, or a
+    /// SQLite path for one replica), `senders` per replica, each posting `batches` batches to
+    /// its replica. Fails unless every accepted event is in the database afterwards.
+    pub async fn http_row(
+        label: &str,
+        db: &str,
+        replicas: usize,
+        senders: usize,
+        batches: usize,
+        pg: Option<&PgCluster>,
+        count_rows: impl FnOnce() -> Result<u64, String>,
+    ) -> Result<Row, String> {
+        let admin_secret = "bench-admin-secret-0123456789abcdef";
+        let signing = bounded_observe_mcp::ingest::keys::new_signing_secret_text()
+            .map_err(|e| e.to_string())?;
+        let env = [
+            ("BOUNDED_INGEST_ADMIN_SECRET", admin_secret),
+            ("BOUNDED_INGEST_SIGNING_SECRET", signing.as_str()),
+        ];
+        // The keys are minted through the first replica before the others start, so that
+        // every replica knows them from its start, whatever it learns of later mints.
+        let mut served = vec![super::serve(db, &env)?];
+        let admin = bounded_observe_mcp::ingest::AdminClient::new(&served[0].base, admin_secret)
+            .map_err(|e| e.to_string())?;
+        let mut tokens = Vec::new();
+        for s in 0..senders * replicas {
+            let key = admin
+                .mint("bench", Some(&format!("sender-{s}")))
+                .await
+                .map_err(|e| e.to_string())?;
+            tokens.push(key.token);
+        }
+        for _ in 1..replicas {
+            served.push(super::serve(db, &env)?);
+        }
+        let mut work = Vec::new();
+        for (s, token) in tokens.into_iter().enumerate() {
+            let bodies: Vec<Vec<u8>> = (0..WARMUP_BATCHES + batches)
+                .map(|b| batch_body(s, b))
+                .collect();
+            let url = format!("{}/v1/events", served[s % replicas].base);
+            work.push((url, token, bodies));
+        }
+        let pids: Vec<u32> = served.iter().map(|s| s.child.id()).collect();
+        let postmaster = pg.map(PgCluster::postmaster_pid);
+        let ingest_cpu =
+            |pids: &[u32]| -> Duration { pids.iter().filter_map(|p| super::pid_cpu(*p)).sum() };
+        let before = std::sync::Mutex::new((Duration::ZERO, Duration::ZERO));
+        let sent = super::send_all(work, || {
+            if let Ok(mut b) = before.lock() {
+                *b = (
+                    ingest_cpu(&pids),
+                    postmaster.map_or(Duration::ZERO, super::server_cpu),
+                );
+            }
+        })
+        .await?;
+        let (ingest0, pg0) = before.lock().map(|b| *b).unwrap_or_default();
+        let ingest = ingest_cpu(&pids).saturating_sub(ingest0);
+        let server = postmaster
+            .map_or(Duration::ZERO, super::server_cpu)
+            .saturating_sub(pg0);
+        let load = load();
+        drop(served);
+        let rows = count_rows()?;
+        let expected =
+            sent.accepted + (senders * replicas * WARMUP_BATCHES * batch_events()) as u64;
+        if rows != expected {
+            return Err(format!("{label}: {rows} rows stored, {expected} accepted"));
+        }
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / sent.accepted.max(1) as f64;
+        Ok(Row {
+            label: label.to_string(),
+            eps: sent.accepted as f64 / sent.wall.as_secs_f64(),
+            p50: percentile(&sent.latencies, 0.5),
+            p99: percentile(&sent.latencies, 0.99),
+            cpu_ingest: per(ingest),
+            cpu_pg: per(server),
+            cpu_senders: sent.own_cpu.map_or(0.0, per),
+            load,
+        })
+    }
+
+    /// The table: SQLite (one replica) and PostgreSQL (one and two replicas), `senders` per
+    /// replica, `runs` rounds interleaved, each row's median.
+    pub async fn http(
+        senders: usize,
+        batches: usize,
+        runs: usize,
+        measuring: bool,
+    ) -> Result<(), String> {
+        let pg = tokio::task::spawn_blocking(PgCluster::start_durable)
+            .await
+            .map_err(|e| e.to_string())?;
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).map_err(|e| e.to_string())?;
+        println!(
+            "ingest over HTTP, real bounded-ingest processes ({} cores): {senders} senders per replica x {batches} batches x {} events, {runs} interleaved runs; SQLite WAL synchronous=FULL, PostgreSQL fsync=on synchronous_commit=on",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            batch_events(),
+        );
+        let mut rows: Vec<Vec<Row>> = vec![Vec::new(), Vec::new(), Vec::new()];
+        for run in 0..runs {
+            let file = dir.path().join(format!("bench-{run}.db"));
+            let file_text = file.display().to_string();
+            let r = http_row(
+                "sqlite, 1 replica",
+                &file_text,
+                1,
+                senders,
+                batches,
+                None,
+                || {
+                    let c = rusqlite::Connection::open(&file).map_err(|e| e.to_string())?;
+                    c.query_row("SELECT COUNT(*) FROM events", [], |r| r.get::<_, i64>(0))
+                        .map(|n| n.max(0) as u64)
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .await?;
+            print_row(&r);
+            rows[0].push(r);
+            for (i, replicas) in [1usize, 2].into_iter().enumerate() {
+                let name = format!("http_{run}_{replicas}");
+                let url = pg.create_database(&name);
+                let label = format!(
+                    "postgres, {replicas} replica{}",
+                    if replicas > 1 { "s" } else { "" }
+                );
+                let r = http_row(&label, &url, replicas, senders, batches, Some(&pg), || {
+                    pg.psql(&name, "SELECT count(*) FROM events")
+                        .parse::<u64>()
+                        .map_err(|e| e.to_string())
+                })
+                .await?;
+                print_row(&r);
+                rows[i + 1].push(r);
+            }
+        }
+        println!("medians of {runs}:");
+        for mut r in rows {
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(|a, b| a.total_cmp(b));
+                v[v.len() / 2]
+            };
+            let mut eps: Vec<f64> = r.iter().map(|x| x.eps).collect();
+            let mut p50: Vec<f64> = r.iter().map(|x| x.p50.as_secs_f64() * 1e3).collect();
+            let mut p99: Vec<f64> = r.iter().map(|x| x.p99.as_secs_f64() * 1e3).collect();
+            let mut ci: Vec<f64> = r.iter().map(|x| x.cpu_ingest).collect();
+            let mut cp: Vec<f64> = r.iter().map(|x| x.cpu_pg).collect();
+            let mut cs: Vec<f64> = r.iter().map(|x| x.cpu_senders).collect();
+            let (lo, hi) = (
+                eps.iter().copied().fold(f64::MAX, f64::min),
+                eps.iter().copied().fold(0.0, f64::max),
+            );
+            let label = r.remove(0).label;
+            println!(
+                "  {label:<22} {:>7.0} events/s (range {lo:.0}-{hi:.0}), POST p50 {:.1} ms p99 {:.1} ms; CPU/event: ingest {:.1} us, postgres {:.1} us, senders {:.1} us; target >= {TARGET:.0}: {}",
+                med(&mut eps),
+                med(&mut p50),
+                med(&mut p99),
+                med(&mut ci),
+                med(&mut cp),
+                med(&mut cs),
+                if !measuring {
+                    "not measured (smoke run under `cargo test`)"
+                } else if med(&mut eps) >= TARGET {
+                    "MET"
+                } else {
+                    "NOT MET"
+                }
+            );
+        }
+        Ok(())
+    }
+
+    fn print_row(r: &Row) {
+        println!(
+            "  {:<22} {:>7.0} events/s, POST p50 {:.1} ms p99 {:.1} ms; CPU/event: ingest {:.1} us, postgres {:.1} us, senders {:.1} us; load {}",
+            r.label,
+            r.eps,
+            r.p50.as_secs_f64() * 1e3,
+            r.p99.as_secs_f64() * 1e3,
+            r.cpu_ingest,
+            r.cpu_pg,
+            r.cpu_senders,
+            r.load
+        );
+    }
+}
+
+/// The real `bounded-ingest` binary, serving until dropped.
+struct Served {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `bounded-ingest serve` on a free loopback port with `--db db` and `env`; returns once
+/// it says where it listens.
+fn serve(db: &str, env: &[(&str, &str)]) -> Result<Served, String> {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    // `INGEST_BENCH_BIN` runs another build of the binary (an A/B of two versions).
+    let bin = std::env::var_os("INGEST_BENCH_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_bounded-ingest").into());
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--db", db]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawn bounded-ingest: {e}"))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let mut said = String::new();
+    let base = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(i) = line.find("listening http://") {
+                    break line[i + "listening ".len()..].trim().to_string();
+                }
+                said.push_str(&line);
+                said.push('\n');
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("bounded-ingest exited before listening:\n{said}"));
+            }
+        }
+    };
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok(Served { child, base })
+}
+
+/// CPU time used so far by process `pid` (utime + stime), from `/proc/<pid>/stat`.
+fn pid_cpu(pid: u32) -> Option<Duration> {
+    const USER_HZ: u64 = 100;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 1000 / USER_HZ))
+}
+
+/// CPU time used so far by the PostgreSQL server whose postmaster is `postmaster` and by its
+/// backends, including the ones that have exited (`cutime`/`cstime` of the postmaster).
+fn server_cpu(postmaster: u32) -> Duration {
+    const USER_HZ: u64 = 100;
+    let mut total = Duration::ZERO;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return total;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ppid = f.get(1).and_then(|p| p.parse::<u32>().ok());
+        if pid != postmaster && ppid != Some(postmaster) {
+            continue;
+        }
+        // utime, stime, and for the postmaster its reaped children's cutime, cstime.
+        let fields = if pid == postmaster { 11..15 } else { 11..13 };
+        let ticks: u64 = fields
+            .filter_map(|i| f.get(i).and_then(|t| t.parse::<u64>().ok()))
+            .sum();
+        total += Duration::from_millis(ticks * 1000 / USER_HZ);
+    }
+    total
+}
+
+/// The 1-minute load average (other work on the machine shares the cores with a run).
+fn load() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace().next().unwrap_or("?").to_string()
 }
 
 /// Peak memory of the ingest under hostile bodies (issue 14): what one key holder can make it

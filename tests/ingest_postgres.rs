@@ -277,7 +277,9 @@ mod store {
     use std::sync::Arc;
 
     use bounded_observe_mcp::event::health::Health;
-    use bounded_observe_mcp::ingest::store::postgres::{PgConnect, PgStore};
+    use bounded_observe_mcp::ingest::store::postgres::{
+        self as postgres_store, PgConnect, PgStore,
+    };
     use bounded_observe_mcp::ingest::store::{
         BatchOutcome, BatchWrite, EventQuery, EventRow, Evidence, KeyRecord, RevokeOutcome,
         SqliteStore, Store,
@@ -566,6 +568,304 @@ mod store {
             pg.psql("shared_aggregates", "SELECT sum(count) FROM error_groups"),
             (16 * (0..40).filter(|n| n % 3 == 0).count()).to_string()
         );
+    }
+
+    /// Batches (ids, transactions) by the transaction that inserted them: rows inserted by one
+    /// transaction share its `xmin`.
+    fn transactions_of(pg: &pg_support::PgCluster, db: &str, ids: &[&str]) -> usize {
+        let list = ids
+            .iter()
+            .map(|i| format!("'{i}'"))
+            .collect::<Vec<_>>()
+            .join(",");
+        pg.psql(
+            db,
+            &format!("SELECT count(DISTINCT xmin::text) FROM events WHERE id IN ({list})"),
+        )
+        .parse()
+        .expect("count")
+    }
+
+    /// Holds every committer of `s` up with a plug batch each (waiting on a lock on `keys`),
+    /// queues `batches` in order behind them, lets the lock go and returns the batches'
+    /// outcomes: the queued batches are taken as one group.
+    async fn grouped(
+        s: &Arc<PgStore>,
+        url: &str,
+        db: &str,
+        pg: &pg_support::PgCluster,
+        batches: Vec<BatchWrite>,
+    ) -> Vec<Result<BatchOutcome, String>> {
+        let (lock, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        let driver = tokio::spawn(conn);
+        lock.batch_execute("BEGIN; LOCK TABLE keys IN ACCESS EXCLUSIVE MODE")
+            .await
+            .expect("lock");
+        let blocked = || {
+            pg.psql(
+                db,
+                &format!(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = '{db}' AND wait_event_type = 'Lock'"
+                ),
+            )
+        };
+        let mut plugs = Vec::new();
+        for p in 0..postgres_store::COMMITTERS {
+            let s = s.clone();
+            // Ids no other batch uses, none an error event (`row` makes n % 3 == 0 one).
+            static PLUGS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+            let first = 1_000_000 + 3 * PLUGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            plugs.push(tokio::spawn(async move {
+                s.write_batch(batch("k_1", first..first + 1)).await
+            }));
+            // One at a time, so that each committer takes one plug, not a group of them.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while blocked() != (p + 1).to_string() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "committer {p} never blocked"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+        let s2 = s.clone();
+        // Polled in order, each queued on its first poll: the queue holds them in order.
+        let rest = tokio::spawn(async move {
+            futures_util::future::join_all(batches.into_iter().map(|b| s2.write_batch(b))).await
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        lock.batch_execute("COMMIT").await.expect("unlock");
+        drop(lock);
+        let _ = driver.await;
+        for p in plugs {
+            stored(p.await.expect("plug task").expect("plug"));
+        }
+        rest.await
+            .expect("task")
+            .into_iter()
+            .map(|r| r.map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    fn ids(b: &BatchWrite) -> Vec<&str> {
+        b.rows.iter().map(|r| r.id.as_str()).collect()
+    }
+
+    #[test]
+    fn a_group_with_one_bad_batch_stores_the_others_and_fails_only_that_one() {
+        let pg = pg_support::shared();
+        let url = pg.create_database("bad_in_group");
+        let rt = runtime();
+        rt.block_on(async {
+            let s = pg_store(&url).await;
+            s.mint(key("k_1")).await.expect("mint");
+            let mut bad = batch("k_1", 100..110);
+            // PostgreSQL text cannot hold NUL: the group's aggregate statement fails.
+            bad.rows[9].evidence.host = "bad\0host".into();
+            let (a, c) = (batch("k_1", 0..10), batch("k_1", 200..210));
+            let out = grouped(
+                &s,
+                &url,
+                "bad_in_group",
+                &pg,
+                vec![a.clone(), bad, c.clone()],
+            )
+            .await;
+            assert_eq!(out[0].clone().map(stored), Ok((10, 0)));
+            assert!(out[1].is_err(), "{:?}", out[1]);
+            assert_eq!(out[2].clone().map(stored), Ok((10, 0)));
+            // One plug batch of one event per committer.
+            let n = postgres_store::COMMITTERS;
+            assert_eq!(
+                pg.psql("bad_in_group", "SELECT count(*) FROM events"),
+                (20 + n).to_string()
+            );
+            assert_eq!(
+                pg.psql(
+                    "bad_in_group",
+                    "SELECT count(*) FROM events WHERE id LIKE 'ev-10_'"
+                ),
+                "0",
+                "nothing of the bad batch"
+            );
+            assert_eq!(
+                pg.psql("bad_in_group", "SELECT batches, accepted FROM sensors"),
+                format!("{}|{}", n + 2, 20 + n),
+                "the bad batch is not counted"
+            );
+            // The bad batch's error events are not in the error group either.
+            let errors_ok = (0..10).chain(200..210).filter(|n| n % 3 == 0).count();
+            assert_eq!(
+                pg.psql("bad_in_group", "SELECT sum(count) FROM error_groups"),
+                errors_ok.to_string()
+            );
+            // The good ones were each committed on their own after the group failed.
+            assert_eq!(
+                transactions_of(&pg, "bad_in_group", &[ids(&a), ids(&c)].concat()),
+                2
+            );
+        });
+    }
+
+    #[test]
+    fn duplicates_within_a_group_and_across_groups_are_stored_once_and_counted() {
+        let pg = pg_support::shared();
+        let url = pg.create_database("dup_groups");
+        let rt = runtime();
+        rt.block_on(async {
+            let s = pg_store(&url).await;
+            s.mint(key("k_1")).await.expect("mint");
+            let a = batch("k_1", 0..100);
+            // Overlaps `a` in the same group, and repeats an id inside itself.
+            let mut b = batch("k_1", 50..150);
+            b.rows.push(row("ev-149", "search", 149, "srv"));
+            let out = grouped(&s, &url, "dup_groups", &pg, vec![a.clone(), b.clone()]).await;
+            assert_eq!(
+                out[0].clone().map(stored),
+                Ok((100, 0)),
+                "first in the group wins"
+            );
+            assert_eq!(out[1].clone().map(stored), Ok((50, 51)));
+            // One transaction stored both: they were one group.
+            assert_eq!(
+                transactions_of(&pg, "dup_groups", &[ids(&a), ids(&b)].concat()),
+                1
+            );
+
+            // A later group repeating ids of the first, and each other.
+            let c = batch("k_1", 100..200);
+            let d = batch("k_1", 150..250);
+            let out = grouped(&s, &url, "dup_groups", &pg, vec![c.clone(), d.clone()]).await;
+            assert_eq!(out[0].clone().map(stored), Ok((50, 50)));
+            assert_eq!(out[1].clone().map(stored), Ok((50, 50)));
+            assert_eq!(transactions_of(&pg, "dup_groups", &["ev-150", "ev-249"]), 1);
+
+            let plugs = 2 * postgres_store::COMMITTERS;
+            assert_eq!(
+                pg.psql("dup_groups", "SELECT count(*) FROM events"),
+                (250 + plugs).to_string()
+            );
+            assert_eq!(
+                pg.psql("dup_groups", "SELECT batches, accepted FROM sensors"),
+                format!("{}|{}", 4 + plugs, 250 + plugs)
+            );
+            assert_eq!(
+                pg.psql("dup_groups", "SELECT sum(count) FROM error_groups"),
+                (0..250).filter(|n| n % 3 == 0).count().to_string()
+            );
+            // The stored body is the first occurrence's, the same as one batch after another.
+            assert_eq!(
+                pg.psql(
+                    "dup_groups",
+                    "SELECT count(*) FROM events WHERE body LIKE '%ev-149%'"
+                ),
+                "1"
+            );
+        });
+    }
+
+    #[test]
+    fn concurrent_groups_on_two_stores_over_one_database_answer_as_sqlite() {
+        // Eight writers on two replicas at once, each batch overlapping others (retries on
+        // the other replica), all sharing hosts, tools and error groups; SQLite gets the same
+        // batches one after the other. What was stored must read the same.
+        let pg = pg_support::shared();
+        let url = pg.create_database("two_stores");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rt = runtime();
+        rt.block_on(async {
+            let (a, b) = (pg_store(&url).await, pg_store(&url).await);
+            let lite = SqliteStore::open(&dir.path().join("i.db")).expect("sqlite");
+            a.mint(key("k_1")).await.expect("mint");
+            lite.mint(key("k_1")).await.expect("mint");
+            let batches: Vec<BatchWrite> = (0..48i64)
+                .map(|i| {
+                    let mut w = batch("k_1", i * 40..i * 40 + 80);
+                    for r in &mut w.rows {
+                        let n: i64 = r.id[3..].parse().expect("n");
+                        r.evidence.host = format!("host{}", n % 5);
+                        r.action = format!("tool{}", n % 7);
+                    }
+                    w
+                })
+                .collect();
+            let mut writers = Vec::new();
+            for w in 0..8 {
+                let s = if w % 2 == 0 { a.clone() } else { b.clone() };
+                let mine: Vec<BatchWrite> = batches.iter().skip(w).step_by(8).cloned().collect();
+                writers.push(tokio::spawn(async move {
+                    let mut accepted = 0;
+                    for m in mine {
+                        accepted += stored(s.write_batch(m).await.expect("committed")).0;
+                    }
+                    accepted
+                }));
+            }
+            let mut accepted = 0;
+            for w in writers {
+                accepted += w.await.expect("writer");
+            }
+            for w in &batches {
+                lite.write_batch(w.clone()).await.expect("sqlite");
+            }
+            assert_eq!(accepted, 47 * 40 + 80, "every id once");
+            let pgs: Arc<dyn Store> = a.clone();
+            let lite: Arc<dyn Store> = lite;
+            for (what, x, y) in [
+                (
+                    "rollups",
+                    json(pgs.rollups(None).await),
+                    json(lite.rollups(None).await),
+                ),
+                (
+                    "tools",
+                    json(pgs.tools(None).await),
+                    json(lite.tools(None).await),
+                ),
+                (
+                    "evidence",
+                    by_tool(json(pgs.evidence_rollups(None).await)),
+                    by_tool(json(lite.evidence_rollups(None).await)),
+                ),
+                (
+                    "sensors",
+                    json(pgs.sensors().await),
+                    json(lite.sensors().await),
+                ),
+            ] {
+                assert_eq!(x, y, "{what}");
+            }
+            // The figures are there to compare.
+            let evidence = json(pgs.evidence_rollups(None).await);
+            assert!(
+                evidence[0][0]["count"].as_u64().unwrap_or(0) > 50,
+                "{evidence}"
+            );
+            lite.close().await;
+        });
+    }
+
+    /// Error groups of equal count in tool order: both stores list them by count and
+    /// fingerprint only, so groups of one fingerprint and count come in storage order.
+    fn by_tool(mut evidence: serde_json::Value) -> serde_json::Value {
+        if let Some(groups) = evidence[0].as_array_mut() {
+            groups.sort_by_key(|g| {
+                (
+                    std::cmp::Reverse(g["count"].as_u64()),
+                    g["tool"].to_string(),
+                )
+            });
+        }
+        evidence
+    }
+
+    fn json<T: serde::Serialize>(
+        r: Result<T, bounded_observe_mcp::ingest::store::StoreError>,
+    ) -> serde_json::Value {
+        serde_json::to_value(r.expect("read")).expect("json")
     }
 }
 

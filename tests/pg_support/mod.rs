@@ -58,11 +58,23 @@ pub struct PgCluster {
     run_as: Option<(u32, u32)>,
     port: u16,
     password: String,
+    /// fsync and synchronous commit on (benchmarks); off for tests.
+    durable: bool,
 }
 
 impl PgCluster {
     /// Creates and starts a cluster; panics (failing the test) with the server log if it cannot.
     pub fn start() -> PgCluster {
+        PgCluster::start_with(false)
+    }
+
+    /// A cluster that flushes every commit to disk (`fsync=on`, `synchronous_commit=on`), as a
+    /// production server does: for benchmarks, where the cost of durability is what is measured.
+    pub fn start_durable() -> PgCluster {
+        PgCluster::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> PgCluster {
         let bindir = bindir();
         let run_as = unprivileged_ids();
         let dir = tempfile::Builder::new()
@@ -83,6 +95,7 @@ impl PgCluster {
             run_as,
             port: 0,
             password,
+            durable,
         };
         cluster.initdb();
         let mut last_log = String::new();
@@ -204,6 +217,16 @@ impl PgCluster {
         c
     }
 
+    /// The server's main process (its backends are its children), from `postmaster.pid`.
+    pub fn postmaster_pid(&self) -> u32 {
+        let pid = std::fs::read_to_string(self.data_dir().join("postmaster.pid"))
+            .expect("read postmaster.pid");
+        pid.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("a pid in postmaster.pid")
+    }
+
     /// What the server wrote to its log so far (for failure messages).
     pub fn server_log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
@@ -245,11 +268,16 @@ impl PgCluster {
 
     /// `pg_ctl start -w`; false if the server did not come up (e.g. the port was taken).
     fn pg_ctl_start(&self) -> bool {
+        // Loopback only; the socket in our directory, never the system's; fsync off unless
+        // durable, because a test cluster never outlives a power cut (process kills, which the
+        // tests do, lose nothing committed either way).
+        let sync = if self.durable {
+            "-c fsync=on -c synchronous_commit=on"
+        } else {
+            "-c fsync=off"
+        };
         let options = format!(
-            // Loopback only; the socket in our directory, never the system's; fsync off because
-            // a test cluster never outlives a power cut (process kills, which the tests do, lose
-            // nothing committed either way).
-            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c max_connections=100",
+            "-c listen_addresses=127.0.0.1 -p {} -k {} {sync} -c max_connections=100",
             self.port,
             self.dir.path().display()
         );

@@ -12,9 +12,10 @@
 //! left unsaid: only `sslmode=disable` connects without TLS (a downgrade would send every event
 //! in the clear).
 //!
-//! [`PgStore`] is the [`Store`] over this schema: each batch is one transaction (whole or not at
-//! all), de-duplicated on `(org, id)` by the database, so a batch retried against another
-//! replica stores nothing twice. `bounded-ingest serve --db postgres://…` selects it.
+//! [`PgStore`] is the [`Store`] over this schema: batches arriving together are committed in one
+//! transaction ([`write`]: group commit), each still whole or not at all, de-duplicated on
+//! `(org, id)` by the database, so a batch retried against another replica stores nothing twice.
+//! `bounded-ingest serve --db postgres://…` selects it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,10 +28,14 @@ use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Client, Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+mod write;
+
+pub use write::{COMMITTERS, MAX_GROUP_BATCHES};
+
 use super::sqlite::APPLICATION_ID;
 use super::{
-    BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, EventRow, KeyRecord,
-    RevokeOutcome, Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolView,
+    BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, KeyRecord, RevokeOutcome,
+    Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolView,
     MAX_ROLLUP_EVIDENCE,
 };
 
@@ -457,6 +462,8 @@ const POOL_SIZE: usize = 8;
 /// and the batch still wins.
 pub struct PgStore {
     pool: deadpool_postgres::Pool,
+    /// Batches are written through it, grouped (see [`write`]).
+    writer: write::GroupWriter,
 }
 
 impl PgStore {
@@ -467,7 +474,10 @@ impl PgStore {
             .max_size(POOL_SIZE)
             .build()
             .map_err(|e| PgOpenError::Pool(e.to_string()))?;
-        Ok(std::sync::Arc::new(PgStore { pool }))
+        Ok(std::sync::Arc::new(PgStore {
+            writer: write::GroupWriter::start(pool.clone()),
+            pool,
+        }))
     }
 
     async fn conn(&self) -> Result<deadpool_postgres::Object, StoreError> {
@@ -475,102 +485,6 @@ impl PgStore {
             .get()
             .await
             .map_err(|e| StoreError::Pool(super::chain(&e)))
-    }
-
-    async fn write_batch_now(&self, b: BatchWrite) -> Result<BatchOutcome, StoreError> {
-        let mut c = self.conn().await?;
-        let tx = c.transaction().await?;
-        // FOR SHARE: a revocation committing first is seen; one arriving now waits for us.
-        let key = tx
-            .query_opt(
-                "SELECT revoked_at FROM keys WHERE key_id = $1 FOR SHARE",
-                &[&b.key_id],
-            )
-            .await?;
-        if !matches!(key.map(|r| r.get::<_, Option<String>>(0)), Some(None)) {
-            return Ok(BatchOutcome::KeyRevoked);
-        }
-        let col = |f: fn(&EventRow) -> &String| -> Vec<&str> {
-            b.rows.iter().map(|r| f(r).as_str()).collect()
-        };
-        let (ids, actors, actions, classes, bodies) = (
-            col(|r| &r.id),
-            col(|r| &r.actor),
-            col(|r| &r.action),
-            col(|r| &r.class),
-            col(|r| &r.body),
-        );
-        // One statement for the whole batch; the unique index decides what is new, across
-        // replicas (a concurrent insert of the same id waits for the other's commit).
-        let inserted = tx
-            .query(
-                "INSERT INTO events (id, org, sensor, actor, action, class, received_at, body)
-                 SELECT u.id, $2, $3, u.actor, u.action, u.class, $4, u.body
-                 FROM unnest($1::text[], $5::text[], $6::text[], $7::text[], $8::text[])
-                      WITH ORDINALITY AS u(id, actor, action, class, body, n)
-                 ORDER BY u.n
-                 ON CONFLICT (org, id) DO NOTHING RETURNING id",
-                &[
-                    &ids,
-                    &b.org,
-                    &b.key_id,
-                    &b.received_at,
-                    &actors,
-                    &actions,
-                    &classes,
-                    &bodies,
-                ],
-            )
-            .await?;
-        let mut new: std::collections::HashSet<String> =
-            inserted.iter().map(|r| r.get::<_, String>(0)).collect();
-        let accepted = new.len() as u64;
-        let mut evidence = BatchEvidence::default();
-        for row in &b.rows {
-            // The first row of an id repeated within the batch is the one stored.
-            if new.remove(&row.id) {
-                evidence.add(row);
-            }
-        }
-        evidence.apply(&tx, &b).await?;
-        let sat = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        tx.execute(
-            "INSERT INTO sensors (key_id, batches, accepted, dropped, version, transport, last_seen,
-                                  stdout_non_json, oversize_frames, orphan_responses, unobserved,
-                                  tap_dropped_bytes)
-             VALUES ($1, 1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-             ON CONFLICT (key_id) DO UPDATE SET
-               batches = sat_add(sensors.batches, 1),
-               accepted = sat_add(sensors.accepted, $2),
-               dropped = sat_add(sensors.dropped, $3),
-               version = coalesce($4, sensors.version),
-               transport = coalesce($5, sensors.transport),
-               last_seen = $6,
-               stdout_non_json = sat_add(sensors.stdout_non_json, $7),
-               oversize_frames = sat_add(sensors.oversize_frames, $8),
-               orphan_responses = sat_add(sensors.orphan_responses, $9),
-               unobserved = sat_add(sensors.unobserved, $10),
-               tap_dropped_bytes = sat_add(sensors.tap_dropped_bytes, $11)",
-            &[
-                &b.key_id,
-                &sat(accepted),
-                &sat(b.dropped),
-                &b.sensor_version,
-                &b.sensor_transport,
-                &b.received_at,
-                &sat(b.health.stdout_non_json),
-                &sat(b.health.oversize_frames),
-                &sat(b.health.orphan_responses),
-                &sat(b.health.unobserved),
-                &sat(b.health.tap_dropped_bytes),
-            ],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(BatchOutcome::Stored {
-            accepted,
-            duplicates: b.rows.len() as u64 - accepted,
-        })
     }
 
     async fn mint_now(&self, k: KeyRecord) -> Result<(), StoreError> {
@@ -816,124 +730,6 @@ impl PgStore {
     }
 }
 
-/// The aggregates of a batch's new events, folded per row key and written in key order.
-///
-/// Folded: one upsert per distinct host, tool and fingerprint instead of one per event. In key
-/// order: concurrent batches (other replicas, other sensors of the same fleet) lock the shared
-/// aggregate rows in one order, so they queue instead of deadlocking.
-/// One error group within a batch: kind and code of its first event, count, first and last
-/// seen.
-type ErrorFold = (String, Option<i64>, i64, String, String);
-
-#[derive(Default)]
-struct BatchEvidence {
-    /// (host, tool, def, hour) → (first seen, last seen).
-    tool_defs: BTreeMap<(String, String, String, String), (String, String)>,
-    /// (fp, tool) → the group's figures in this batch.
-    errors: BTreeMap<(String, String), ErrorFold>,
-    /// host → (tools, bytes, last seen), folded as the upsert folds them.
-    catalogs: BTreeMap<String, (Option<i64>, i64, String)>,
-}
-
-impl BatchEvidence {
-    fn add(&mut self, row: &EventRow) {
-        let e = &row.evidence;
-        let hour = e.seen.get(..13).unwrap_or(&e.seen).to_owned();
-        for def in &e.tool_defs {
-            let k = (
-                e.host.clone(),
-                row.action.clone(),
-                def.clone(),
-                hour.clone(),
-            );
-            let span = self
-                .tool_defs
-                .entry(k)
-                .or_insert_with(|| (e.seen.clone(), e.seen.clone()));
-            if e.seen < span.0 {
-                span.0 = e.seen.clone();
-            }
-            if e.seen > span.1 {
-                span.1 = e.seen.clone();
-            }
-        }
-        if let Some((fp, kind, code)) = &e.error {
-            let g = self
-                .errors
-                .entry((fp.clone(), row.action.clone()))
-                .or_insert_with(|| (kind.clone(), *code, 0, e.seen.clone(), e.seen.clone()));
-            g.2 = g.2.saturating_add(1);
-            if e.seen < g.3 {
-                g.3 = e.seen.clone();
-            }
-            if e.seen > g.4 {
-                g.4 = e.seen.clone();
-            }
-        }
-        if let Some((tools, bytes)) = e.catalog {
-            let tools = tools.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-            let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-            match self.catalogs.get_mut(&e.host) {
-                None => {
-                    self.catalogs
-                        .insert(e.host.clone(), (tools, bytes, e.seen.clone()));
-                }
-                Some(c) => {
-                    if bytes >= c.1 {
-                        c.0 = tools;
-                        c.1 = bytes;
-                    }
-                    if e.seen > c.2 {
-                        c.2 = e.seen.clone();
-                    }
-                }
-            }
-        }
-    }
-
-    async fn apply(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        b: &BatchWrite,
-    ) -> Result<(), tokio_postgres::Error> {
-        for ((host, tool, def, hour), (first, last)) in &self.tool_defs {
-            tx.execute(
-                "INSERT INTO tool_defs (org, host, tool, def, sensor, hour, first_seen, last_seen)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT (org, host, tool, def, sensor, hour) DO UPDATE SET
-                    first_seen = least(tool_defs.first_seen, $7),
-                    last_seen = greatest(tool_defs.last_seen, $8)",
-                &[&b.org, host, tool, def, &b.key_id, hour, first, last],
-            )
-            .await?;
-        }
-        for ((fp, tool), (kind, code, count, first, last)) in &self.errors {
-            tx.execute(
-                "INSERT INTO error_groups (org, fp, tool, kind, code, count, first_seen, last_seen)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT (org, fp, tool) DO UPDATE SET
-                    count = sat_add(error_groups.count, $6),
-                    first_seen = least(error_groups.first_seen, $7),
-                    last_seen = greatest(error_groups.last_seen, $8)",
-                &[&b.org, fp, tool, kind, code, count, first, last],
-            )
-            .await?;
-        }
-        for (host, (tools, bytes, last)) in &self.catalogs {
-            tx.execute(
-                "INSERT INTO catalogs (org, host, tools, bytes, last_seen) VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (org, host) DO UPDATE SET
-                    tools = CASE WHEN $4 >= catalogs.bytes THEN $3 ELSE catalogs.tools END,
-                    bytes = greatest(catalogs.bytes, $4),
-                    last_seen = greatest(catalogs.last_seen, $5)",
-                &[&b.org, host, tools, bytes, last],
-            )
-            .await?;
-        }
-        Ok(())
-    }
-}
-
 fn key_record(r: &tokio_postgres::Row) -> KeyRecord {
     KeyRecord {
         key_id: r.get(0),
@@ -983,7 +779,7 @@ impl Store for PgStore {
         })
     }
     fn write_batch(&self, batch: BatchWrite) -> StoreFuture<'_, BatchOutcome> {
-        Box::pin(self.write_batch_now(batch))
+        Box::pin(self.writer.write(batch))
     }
     fn mint(&self, key: KeyRecord) -> StoreFuture<'_, ()> {
         Box::pin(self.mint_now(key))
@@ -1071,8 +867,11 @@ impl Store for PgStore {
         Box::pin(self.evidence_rollups_now(org))
     }
     fn close(&self) -> futures_util::future::BoxFuture<'_, ()> {
-        // Every write has committed before its caller got an answer: nothing to flush.
-        Box::pin(async move { self.pool.close() })
+        // Batches already queued are written (and answered) before the pool closes.
+        Box::pin(async move {
+            self.writer.close().await;
+            self.pool.close()
+        })
     }
 }
 
