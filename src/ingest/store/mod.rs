@@ -12,6 +12,8 @@
 //! [`postgres`]); no blocking database call runs on an async worker thread. A store never sees a raw request:
 //! rows arrive filtered and stamped by the server.
 
+use std::collections::BTreeMap;
+
 use futures_util::future::BoxFuture;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -241,6 +243,54 @@ pub struct ToolView {
     /// Two sensors saw different hashes within the same hour: the server shows different
     /// definitions to different clients.
     pub inconsistent: bool,
+}
+
+/// A tool by org, host and name.
+pub(crate) type ToolKey = (String, String, String);
+
+/// `GET /v1/tools` put together from the three reads every store makes (each definition seen,
+/// the tools a sensor saw change, the tools two sensors saw differently within an hour), so the
+/// answer's shape and order are the same whichever database holds the rows.
+#[derive(Default)]
+pub(crate) struct ToolViews(BTreeMap<ToolKey, ToolView>);
+
+impl ToolViews {
+    pub(crate) fn seen(&mut self, key: ToolKey, seen: ToolDefSeen) {
+        self.0
+            .entry(key)
+            .or_insert_with_key(|(org, host, tool)| ToolView {
+                org: org.clone(),
+                host: host.clone(),
+                tool: tool.clone(),
+                defs: Vec::new(),
+                changed: false,
+                inconsistent: false,
+            })
+            .defs
+            .push(seen);
+    }
+
+    pub(crate) fn changed(&mut self, key: &ToolKey) {
+        if let Some(t) = self.0.get_mut(key) {
+            t.changed = true;
+        }
+    }
+
+    pub(crate) fn inconsistent(&mut self, key: &ToolKey) {
+        if let Some(t) = self.0.get_mut(key) {
+            t.inconsistent = true;
+        }
+    }
+
+    /// Tools in key order, each one's definitions oldest first.
+    pub(crate) fn finish(self) -> Vec<ToolView> {
+        let mut out: Vec<ToolView> = self.0.into_values().collect();
+        for t in &mut out {
+            t.defs
+                .sort_by(|a, b| a.first_seen.cmp(&b.first_seen).then(a.def.cmp(&b.def)));
+        }
+        out
+    }
 }
 
 /// `GET /v1/rollups`: one error group.

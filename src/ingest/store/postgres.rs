@@ -35,7 +35,7 @@ pub use write::{COMMITTERS, MAX_GROUP_BATCHES};
 use super::sqlite::APPLICATION_ID;
 use super::{
     BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, KeyRecord, RevokeOutcome,
-    Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolView,
+    Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolKey, ToolView, ToolViews,
     MAX_ROLLUP_EVIDENCE,
 };
 
@@ -617,9 +617,9 @@ impl PgStore {
     }
 
     async fn tools_now(&self, org: Option<String>) -> Result<Vec<ToolView>, StoreError> {
-        type Tool = (String, String, String);
         let c = self.conn().await?;
-        let mut tools: BTreeMap<Tool, ToolView> = BTreeMap::new();
+        let mut tools = ToolViews::default();
+        let key = |r: &tokio_postgres::Row| -> ToolKey { (r.get(0), r.get(1), r.get(2)) };
         for r in c
             .query(
                 "SELECT org, host, tool, def, MIN(first_seen), MAX(last_seen),
@@ -630,25 +630,13 @@ impl PgStore {
             )
             .await?
         {
-            let k: Tool = (r.get(0), r.get(1), r.get(2));
             let seen = ToolDefSeen {
                 def: r.get(3),
                 first_seen: r.get(4),
                 last_seen: r.get(5),
                 sensors: r.get::<_, i64>(6).max(0) as u64,
             };
-            tools
-                .entry(k.clone())
-                .or_insert_with(|| ToolView {
-                    org: k.0,
-                    host: k.1,
-                    tool: k.2,
-                    defs: Vec::new(),
-                    changed: false,
-                    inconsistent: false,
-                })
-                .defs
-                .push(seen);
+            tools.seen(key(&r), seen);
         }
         // Changed: one sensor saw two hashes. Inconsistent: two sensors, two hashes, one hour.
         for r in c
@@ -659,9 +647,7 @@ impl PgStore {
             )
             .await?
         {
-            if let Some(t) = tools.get_mut(&(r.get(0), r.get(1), r.get(2))) {
-                t.changed = true;
-            }
+            tools.changed(&key(&r));
         }
         for r in c
             .query(
@@ -673,16 +659,9 @@ impl PgStore {
             )
             .await?
         {
-            if let Some(t) = tools.get_mut(&(r.get(0), r.get(1), r.get(2))) {
-                t.inconsistent = true;
-            }
+            tools.inconsistent(&key(&r));
         }
-        let mut out: Vec<ToolView> = tools.into_values().collect();
-        for t in &mut out {
-            t.defs
-                .sort_by(|a, b| a.first_seen.cmp(&b.first_seen).then(a.def.cmp(&b.def)));
-        }
-        Ok(out)
+        Ok(tools.finish())
     }
 
     async fn evidence_rollups_now(

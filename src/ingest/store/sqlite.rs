@@ -41,8 +41,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     BatchOutcome, BatchWrite, CatalogView, ErrorGroup, EventQuery, EventRow, KeyRecord,
-    RevokeOutcome, Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolView,
-    MAX_ROLLUP_EVIDENCE,
+    RevokeOutcome, Rollup, SensorStats, Store, StoreError, StoreFuture, ToolDefSeen, ToolKey,
+    ToolView, ToolViews, MAX_ROLLUP_EVIDENCE,
 };
 use crate::ingest::IngestError;
 use crate::lock::lock;
@@ -614,8 +614,10 @@ impl SqliteStore {
     /// `GET /v1/tools`: every definition hash seen per host and tool, with the flags.
     pub async fn tools(&self, org: Option<String>) -> Result<Vec<ToolView>, StoreError> {
         self.read(move |c| {
-            type Tool = (String, String, String);
-            let mut tools: BTreeMap<Tool, ToolView> = BTreeMap::new();
+            let mut tools = ToolViews::default();
+            let key = |r: &rusqlite::Row| -> rusqlite::Result<ToolKey> {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            };
             let mut st = c.prepare_cached(
                 "SELECT org, host, tool, def, MIN(first_seen), MAX(last_seen),
                         COUNT(DISTINCT sensor)
@@ -624,39 +626,22 @@ impl SqliteStore {
             )?;
             let mut rows = st.query(params![org])?;
             while let Some(r) = rows.next()? {
-                let k: Tool = (r.get(0)?, r.get(1)?, r.get(2)?);
                 let seen = ToolDefSeen {
                     def: r.get(3)?,
                     first_seen: r.get(4)?,
                     last_seen: r.get(5)?,
                     sensors: r.get::<_, i64>(6)?.max(0) as u64,
                 };
-                tools
-                    .entry(k.clone())
-                    .or_insert_with(|| ToolView {
-                        org: k.0,
-                        host: k.1,
-                        tool: k.2,
-                        defs: Vec::new(),
-                        changed: false,
-                        inconsistent: false,
-                    })
-                    .defs
-                    .push(seen);
+                tools.seen(key(r)?, seen);
             }
             // Changed: one sensor saw two hashes. Inconsistent: two sensors, two hashes, one hour.
             let mut st = c.prepare_cached(
-                "SELECT org, host, tool, COUNT(DISTINCT def) > 1 FROM tool_defs
-                 WHERE (?1 IS NULL OR org = ?1) GROUP BY org, host, tool, sensor",
+                "SELECT org, host, tool FROM tool_defs WHERE (?1 IS NULL OR org = ?1)
+                 GROUP BY org, host, tool, sensor HAVING COUNT(DISTINCT def) > 1",
             )?;
             let mut rows = st.query(params![org])?;
             while let Some(r) = rows.next()? {
-                let k: Tool = (r.get(0)?, r.get(1)?, r.get(2)?);
-                if r.get::<_, bool>(3)? {
-                    if let Some(t) = tools.get_mut(&k) {
-                        t.changed = true;
-                    }
-                }
+                tools.changed(&key(r)?);
             }
             let mut st = c.prepare_cached(
                 "SELECT DISTINCT a.org, a.host, a.tool FROM tool_defs a JOIN tool_defs b
@@ -666,17 +651,9 @@ impl SqliteStore {
             )?;
             let mut rows = st.query(params![org])?;
             while let Some(r) = rows.next()? {
-                let k: Tool = (r.get(0)?, r.get(1)?, r.get(2)?);
-                if let Some(t) = tools.get_mut(&k) {
-                    t.inconsistent = true;
-                }
+                tools.inconsistent(&key(r)?);
             }
-            let mut out: Vec<ToolView> = tools.into_values().collect();
-            for t in &mut out {
-                t.defs
-                    .sort_by(|a, b| a.first_seen.cmp(&b.first_seen).then(a.def.cmp(&b.def)));
-            }
-            Ok(out)
+            Ok(tools.finish())
         })
         .await
     }
