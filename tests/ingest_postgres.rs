@@ -5,6 +5,7 @@
 //! database each (pg_support::shared).
 
 mod pg_support;
+mod pki_support;
 
 use bounded_observe_mcp::ingest::store::postgres::{self, PgConnect, PgOpenError, SCHEMA_VERSION};
 use pg_support::PgCluster;
@@ -187,33 +188,13 @@ fn tls_is_required_unless_the_url_disables_it() {
 
 #[test]
 fn verify_full_with_the_databases_ca_connects_encrypted_and_an_unknown_ca_is_refused() {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
-        IsCa, KeyPair, KeyUsagePurpose,
-    };
     // A cluster of its own: the shared one must keep serving without TLS.
     let pg = PgCluster::start();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "bounded test database CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca =
-        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
-    let mut leaf_params =
-        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .expect("leaf params");
-    leaf_params
-        .distinguished_name
-        .push(DnType::CommonName, "bounded test database");
-    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let leaf_key = KeyPair::generate().expect("leaf key");
-    let leaf = leaf_params.signed_by(&leaf_key, &ca).expect("leaf");
-    pg.enable_tls(&leaf.pem(), &leaf_key.serialize_pem());
+    let issued = pki_support::issue("bounded test database CA", "bounded test database");
+    pg.enable_tls(&issued.cert_pem, &issued.key_pem);
     let dir = tempfile::tempdir().expect("tempdir");
     let ca_path = dir.path().join("db ca.pem");
-    std::fs::write(&ca_path, ca.pem()).expect("write ca");
+    std::fs::write(&ca_path, &issued.ca_pem).expect("write ca");
 
     let url = pg.create_database("tls");
     let base = url.split('?').next().expect("url").to_string();

@@ -4,6 +4,7 @@
 //! HTTP is refused unless `--insecure-plain-http` is given.
 
 mod ingest_support;
+mod pki_support;
 
 use ingest_support::{ingest_command as ingest_bin, stderr_lines};
 
@@ -28,35 +29,15 @@ struct Pki {
 }
 
 fn make_pki(dir: &Path) -> Pki {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
-        IsCa, KeyPair, KeyUsagePurpose,
-    };
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "bounded test CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca =
-        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
-    let mut leaf_params =
-        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .expect("leaf params");
-    leaf_params
-        .distinguished_name
-        .push(DnType::CommonName, "bounded-ingest");
-    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let leaf_key = KeyPair::generate().expect("leaf key");
-    let leaf = leaf_params.signed_by(&leaf_key, &ca).expect("leaf");
+    let issued = pki_support::issue("bounded test CA", "bounded-ingest");
     let pki = Pki {
         ca: dir.join("ca.pem"),
         cert: dir.join("ingest.crt"),
         key: dir.join("ingest.key"),
     };
-    std::fs::write(&pki.ca, ca.pem()).expect("write ca");
-    std::fs::write(&pki.cert, leaf.pem()).expect("write cert");
-    std::fs::write(&pki.key, leaf_key.serialize_pem()).expect("write key");
+    std::fs::write(&pki.ca, &issued.ca_pem).expect("write ca");
+    std::fs::write(&pki.cert, &issued.cert_pem).expect("write cert");
+    std::fs::write(&pki.key, &issued.key_pem).expect("write key");
     std::fs::set_permissions(&pki.key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     pki
 }
