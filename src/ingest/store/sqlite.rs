@@ -459,18 +459,7 @@ impl SqliteStore {
                    AND (?3 IS NULL OR action = ?3) AND (?4 IS NULL OR class = ?4)
                  ORDER BY seq DESC LIMIT ?5",
             )?;
-            let rows = st.query_map(params![q.org, q.actor, q.action, q.class, q.limit], |r| {
-                r.get::<_, String>(0)
-            })?;
-            let mut out = Vec::new();
-            for body in rows {
-                // Bodies are written by us from serde_json; one that does not parse back is
-                // skipped rather than failing the whole read.
-                if let Ok(v) = serde_json::from_str(&body?) {
-                    out.push(v);
-                }
-            }
-            Ok(out)
+            bodies(&mut st, params![q.org, q.actor, q.action, q.class, q.limit])
         })
         .await
     }
@@ -513,14 +502,7 @@ impl SqliteStore {
                 "SELECT body FROM events WHERE received_at >= ?1 AND (?2 IS NULL OR org = ?2)
                  ORDER BY seq DESC LIMIT ?3",
             )?;
-            let rows = st.query_map(params![since, org, limit], |r| r.get::<_, String>(0))?;
-            let mut out = Vec::new();
-            for body in rows {
-                if let Ok(v) = serde_json::from_str(&body?) {
-                    out.push(v);
-                }
-            }
-            Ok(out)
+            bodies(&mut st, params![since, org, limit])
         })
         .await
     }
@@ -720,6 +702,23 @@ impl SqliteStore {
         })
         .await;
     }
+}
+
+/// The event bodies a statement selects (its first column), parsed, in its order. Bodies are
+/// written by us from serde_json; one that does not parse back is skipped rather than failing
+/// the whole read.
+fn bodies(
+    st: &mut rusqlite::CachedStatement<'_>,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<Value>> {
+    let rows = st.query_map(params, |r| r.get::<_, String>(0))?;
+    let mut out = Vec::new();
+    for body in rows {
+        if let Ok(v) = serde_json::from_str(&body?) {
+            out.push(v);
+        }
+    }
+    Ok(out)
 }
 
 impl Store for SqliteStore {
