@@ -48,12 +48,10 @@ fn cluster_accepts_a_password_login_on_loopback_and_refuses_a_wrong_one() {
 #[test]
 fn cluster_runs_unprivileged_when_the_tests_run_as_root() {
     let pg = PgCluster::start();
-    let pid: u32 = pg
-        .psql("postgres", "SELECT pg_backend_pid()")
-        .parse()
-        .expect("a pid");
+    // The postmaster, not a backend: a backend ends with the connection that asked for its pid.
+    let pid = pg.postmaster_pid();
     let server_uid = std::fs::metadata(format!("/proc/{pid}"))
-        .expect("backend process")
+        .expect("postmaster process")
         .uid();
     let our_uid = tempfile::NamedTempFile::new()
         .expect("probe")
