@@ -7,6 +7,7 @@
 //! no byte sent, stored, or answered by the ingest's API.
 
 mod ingest_support;
+mod interop_support;
 mod pg_support;
 mod store_support;
 
@@ -720,17 +721,6 @@ async fn tools_view_flags_changed_and_inconsistent_definitions_across_sensors(st
     ingest.running.shutdown().await.expect("shutdown");
 }
 
-fn server_everything() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `bash scripts/test-deps.sh` to install the pinned interop packages",
-        path.display()
-    );
-    path
-}
-
 /// The official server-everything registers the tools that depend on the client's
 /// capabilities once the client says `notifications/initialized`, and announces them with
 /// `notifications/tools/list_changed`: a client that listed before then and lists again sees
@@ -738,7 +728,7 @@ fn server_everything() -> PathBuf {
 /// listed is `listed: false`. No description of its catalog reaches the sink.
 #[test]
 fn server_everything_list_changed_mid_session_becomes_drift_events() {
-    let script = server_everything();
+    let script = interop_support::everything_script();
     let dir = tempfile::tempdir().expect("tempdir");
     let sink = dir.path().join("events.jsonl");
     let mut s = StdioSession::start(

@@ -43,6 +43,17 @@ fn tables(db: &TestDb) -> String {
     )
 }
 
+/// A sensor token minted for org `acme` with `bounded-ingest mint` against the ingest at `base`.
+fn mint(db: &TestDb, base: &str) -> String {
+    let out = ingest_command()
+        .args(["mint", "--org", "acme", "--ingest", base])
+        .args(db.admin_args())
+        .output()
+        .expect("run mint");
+    assert!(out.status.success(), "{}", output_text(&out));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 fn output_text(out: &std::process::Output) -> String {
     format!(
         "{}{}",
@@ -61,13 +72,7 @@ fn serve_with_a_postgres_url_stores_there_writes_no_file_and_never_prints_the_pa
     cmd.arg("--debug").current_dir(cwd.path());
     let mut served = Served::start(cmd);
 
-    let out = ingest_command()
-        .args(["mint", "--org", "acme", "--ingest", &served.base])
-        .args(db.admin_args())
-        .output()
-        .expect("run mint");
-    assert!(out.status.success(), "{}", output_text(&out));
-    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let token = mint(&db, &served.base);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (status, answer) = rt.block_on(async {
         let r = reqwest::Client::new()
@@ -230,13 +235,7 @@ fn a_store_failure_while_serving_is_logged_with_the_servers_reason() {
     install_tls_provider();
     let db = TestDb::new(StoreKind::Postgres);
     let mut served = Served::start(db.serve_command());
-    let out = ingest_command()
-        .args(["mint", "--org", "acme", "--ingest", &served.base])
-        .args(db.admin_args())
-        .output()
-        .expect("run mint");
-    assert!(out.status.success(), "{}", output_text(&out));
-    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let token = mint(&db, &served.base);
     // The database changes under the running ingest: its next batch cannot be stored.
     let name = db.pg_database().expect("db");
     db.cluster()

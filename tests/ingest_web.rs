@@ -57,17 +57,23 @@ impl Web {
         cookie_of(&r)
     }
 
-    async fn csrf(&self, cookie: &str) -> String {
-        let v: Value = self
-            .http
-            .get(format!("{}/ui/session", self.base))
+    /// `GET path` on the session cookie.
+    async fn get(&self, path: &str, cookie: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.base))
             .header("cookie", cookie)
             .send()
             .await
             .expect("request")
-            .json()
-            .await
-            .expect("json");
+    }
+
+    /// `GET path` on the session cookie, answered with JSON.
+    async fn get_json(&self, path: &str, cookie: &str) -> Value {
+        self.get(path, cookie).await.json().await.expect("json")
+    }
+
+    async fn csrf(&self, cookie: &str) -> String {
+        let v = self.get_json("/ui/session", cookie).await;
         v["csrf"].as_str().expect("csrf token").to_string()
     }
 
@@ -234,31 +240,13 @@ async fn state_changing_calls_on_the_cookie_need_the_csrf_token(store: StoreKind
         req.send()
     };
     assert_eq!(revoke(None).await.unwrap().status(), 401);
-    let keys: Value = web
-        .http
-        .get(format!("{}/ui/keys", web.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let keys = web.get_json("/ui/keys", &cookie).await;
     assert!(
         keys["keys"][0].get("revokedAt").is_none(),
         "not revoked without the token: {keys}"
     );
     assert_eq!(revoke(Some(csrf)).await.unwrap().status(), 204);
-    let keys: Value = web
-        .http
-        .get(format!("{}/ui/keys", web.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let keys = web.get_json("/ui/keys", &cookie).await;
     assert!(keys["keys"][0]["revokedAt"].is_string(), "{keys}");
     web.running.shutdown().await.expect("shutdown");
 }
@@ -322,13 +310,7 @@ async fn the_sign_in_link_opens_a_session_once(store: StoreKind) {
     assert_eq!(r.status(), 303);
     assert_eq!(r.headers()["location"], "/");
     let cookie = cookie_of(&r);
-    let s = web
-        .http
-        .get(format!("{}/ui/session", web.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let s = web.get("/ui/session", &cookie).await;
     assert_eq!(s.status(), 200);
     let again = web.http.get(&link).send().await.unwrap();
     assert_eq!(again.status(), 401);
@@ -387,13 +369,7 @@ async fn the_stream_pushes_a_committed_event_and_ends_at_shutdown(store: StoreKi
     assert_eq!(unauth.status(), 401);
 
     let cookie = web.session().await;
-    let mut stream = web
-        .http
-        .get(format!("{}/ui/stream", web.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let mut stream = web.get("/ui/stream", &cookie).await;
     assert_eq!(stream.status(), 200);
     assert_eq!(stream.headers()["content-type"], "text/event-stream");
     // The backlog first.
@@ -464,31 +440,13 @@ async fn tools_figures_cover_the_last_hour(store: StoreKind) {
         .unwrap();
     assert_eq!(r.status(), 200);
     let cookie = web.session().await;
-    let v: Value = web
-        .http
-        .get(format!("{}/ui/tools?org=acme", web.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = web.get_json("/ui/tools?org=acme", &cookie).await;
     let t = &v["tools"][0];
     assert_eq!(t["tool"], "search", "{v}");
     assert_eq!(t["calls"], 4);
     assert_eq!(t["perMinute"]["calls"][59], 4);
     assert_eq!(t["durMs"]["p99"], 1.25);
-    let other: Value = web
-        .http
-        .get(format!("{}/ui/tools?org=other", web.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let other = web.get_json("/ui/tools?org=other", &cookie).await;
     assert_eq!(other["tools"], json!([]));
     web.running.shutdown().await.expect("shutdown");
 }
@@ -566,13 +524,7 @@ async fn planted_canaries_reach_no_byte_the_live_view_serves(store: StoreKind) {
 
     let cookie = web.session().await;
     let mut served = String::new();
-    let mut stream = web
-        .http
-        .get(format!("{}/ui/stream", web.base))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let mut stream = web.get("/ui/stream", &cookie).await;
     served.push_str(&read_until(&mut stream, "issue_refund", Duration::from_secs(10)).await);
     drop(stream);
     for path in ["/ui/tools", "/ui/keys", "/v1/admin/sensors", "/v1/rollups"] {

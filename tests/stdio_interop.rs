@@ -6,6 +6,8 @@
 
 #![allow(deprecated)] // logging notifications: deprecated in the newest era, still in the field
 
+mod interop_support;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -255,25 +257,9 @@ async fn rmcp_client_and_server_through_the_wrapper_initialize_era() {
     .await;
 }
 
-fn server_everything() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `bash scripts/test-deps.sh` to install the pinned interop packages",
-        path.display()
-    );
-    let node = std::process::Command::new("node").arg("--version").output();
-    assert!(
-        node.map(|o| o.status.success()).unwrap_or(false),
-        "`node` is not on PATH: install Node.js (apt-get install nodejs npm), then run `bash scripts/test-deps.sh`"
-    );
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rmcp_client_and_official_server_everything_through_the_wrapper() {
-    let script = server_everything();
+    let script = interop_support::everything_script();
     let dir = tempfile::tempdir().expect("tempdir");
     let recorder = Recorder::default();
     let logs = recorder.logs.clone();

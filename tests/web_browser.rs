@@ -227,6 +227,15 @@ impl Driver {
         }
     }
 
+    /// Waits until the events table shows `rows` rows (the filters apply as they are typed).
+    async fn wait_for_rows(&self, rows: usize) {
+        self.wait_for(
+            &format!("document.querySelectorAll('#events-body tr').length === {rows}"),
+            WAIT,
+        )
+        .await;
+    }
+
     /// The text of an open alert, if one is open.
     async fn alert_text(&self) -> Option<String> {
         let v = self.cmd(reqwest::Method::GET, "/alert/text", None).await;
@@ -441,11 +450,7 @@ async fn the_live_view_in_a_real_browser() {
 
     // Filters: by tool, then by a class no row has, then cleared.
     d.type_in("#f-tool", "lookup").await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 1",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(1).await;
     assert_eq!(
         d.js(&format!("return {};", rows_with_tool("lookup_customer")))
             .await,
@@ -457,64 +462,32 @@ async fn the_live_view_in_a_real_browser() {
           s.dispatchEvent(new Event('change')); return 1;",
     )
     .await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 0",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(0).await;
     d.js(
         "const s = document.getElementById('f-class'); s.value = ''; \
           s.dispatchEvent(new Event('change')); return 1;",
     )
     .await;
     d.type_in("#f-org", "acme").await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 2",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(2).await;
     d.clear("#f-org").await;
     d.type_in("#f-org", "other-org").await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 0",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(0).await;
     d.clear("#f-org").await;
     d.js("document.getElementById('f-org').dispatchEvent(new Event('input')); return 1;")
         .await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 2",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(2).await;
     d.type_in("#f-status", "500").await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 0",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(0).await;
     d.clear("#f-status").await;
     d.type_in("#f-status", "200").await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 2",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(2).await;
     d.clear("#f-status").await;
     d.type_in("#f-actor", "no-such-actor").await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 0",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(0).await;
     d.clear("#f-actor").await;
     d.type_in("#f-actor", &format!("mcp:{}", key.key_id)).await;
-    d.wait_for(
-        "document.querySelectorAll('#events-body tr').length === 2",
-        WAIT,
-    )
-    .await;
+    d.wait_for_rows(2).await;
     d.clear("#f-actor").await;
     d.js("document.getElementById('f-actor').dispatchEvent(new Event('input')); return 1;")
         .await;

@@ -55,6 +55,20 @@ pub fn require_node_packages() {
     );
 }
 
+/// server-everything's entry script, for `node` to run over stdio. Fails (never skips) when the
+/// pinned packages, the script or node itself are missing.
+pub fn everything_script() -> PathBuf {
+    require_node_packages();
+    let path =
+        node_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `bash scripts/test-deps.sh` to install the pinned interop packages",
+        path.display()
+    );
+    path
+}
+
 /// True when the venv can import the SDK (a venv left half-built by an interrupted install
 /// has the interpreter but not the package).
 pub fn python_sdk_installed() -> bool {
