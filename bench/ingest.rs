@@ -223,6 +223,22 @@ async fn send_all(
     let t0 = Instant::now();
     let cpu0 = process_cpu();
     at_start();
+    let (latencies, accepted) = gather(tasks).await?;
+    let wall = t0.elapsed();
+    let own_cpu = process_cpu().zip(cpu0).map(|(a, b)| a.saturating_sub(b));
+    Ok(Sent {
+        latencies,
+        accepted,
+        wall,
+        own_cpu,
+    })
+}
+
+/// What one sender measured: each timed batch's latency, and the events accepted.
+type SenderResult = Result<(Vec<Duration>, u64), String>;
+
+/// Waits for every sender: all their latencies, sorted, and the events accepted in all.
+async fn gather(tasks: Vec<tokio::task::JoinHandle<SenderResult>>) -> SenderResult {
     let mut latencies = Vec::new();
     let mut accepted = 0u64;
     for t in tasks {
@@ -230,15 +246,8 @@ async fn send_all(
         latencies.extend(l);
         accepted += a;
     }
-    let wall = t0.elapsed();
-    let own_cpu = process_cpu().zip(cpu0).map(|(a, b)| a.saturating_sub(b));
     latencies.sort();
-    Ok(Sent {
-        latencies,
-        accepted,
-        wall,
-        own_cpu,
-    })
+    Ok((latencies, accepted))
 }
 
 async fn run(senders: usize, batches: usize, measuring: bool) -> Result<(), String> {
@@ -465,19 +474,12 @@ mod pg {
             gate.wait().await;
             let t0 = Instant::now();
             let (own0, pg0) = (super::process_cpu(), super::server_cpu(postmaster));
-            let mut lat: Vec<Duration> = Vec::new();
-            let mut accepted = 0u64;
-            for t in tasks {
-                let (l, a) = t.await.map_err(|e| e.to_string())??;
-                lat.extend(l);
-                accepted += a;
-            }
+            let (lat, accepted) = super::gather(tasks).await?;
             let wall = t0.elapsed();
             let own = super::process_cpu()
                 .zip(own0)
                 .map_or(Duration::ZERO, |(a, b)| a.saturating_sub(b));
             let server = super::server_cpu(postmaster).saturating_sub(pg0);
-            lat.sort();
             for s in &stores {
                 s.close().await;
             }
