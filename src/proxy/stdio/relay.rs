@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{self, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
@@ -125,17 +125,6 @@ fn wait_ready<F: AsFd>(fd: &F, flags: PollFlags) {
     let _ = poll(&mut fds, PollTimeout::NONE);
 }
 
-/// `read` that retries EINTR and waits out EAGAIN. `Ok(0)` is EOF.
-fn read_chunk<R: Read + AsFd>(r: &mut R, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        match r.read(buf) {
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => wait_ready(r, PollFlags::POLLIN),
-            other => return other,
-        }
-    }
-}
-
 /// `write_all` that also waits out EAGAIN (std's `write_all` gives up on it).
 fn write_chunk<W: Write + AsFd>(w: &mut W, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
@@ -165,7 +154,11 @@ const POOL_BLOCKS: usize = 32;
 /// for the tap (a reference, not a copy), and a block comes back to the loop for reuse once
 /// the observer has dropped every piece of it.
 enum ReadBuf {
-    Fixed(Box<[u8]>),
+    /// Read into its spare capacity and cleared before each read, never split: the same
+    /// [`READ_BUF`] bytes for the whole loop. Not zero-filled first: a zeroed buffer had both
+    /// loops touch all 128 KiB at start (30 page faults in a one-shot session) where a short
+    /// session reads a few KiB.
+    Fixed(BytesMut),
     Blocks {
         /// The block being filled (empty: each read's bytes are split off at once).
         cur: BytesMut,
@@ -182,14 +175,17 @@ impl ReadBuf {
                 pool: VecDeque::with_capacity(POOL_BLOCKS),
             }
         } else {
-            ReadBuf::Fixed(vec![0u8; READ_BUF].into_boxed_slice())
+            ReadBuf::Fixed(BytesMut::with_capacity(READ_BUF))
         }
     }
 
-    /// Reads once (see [`read_chunk`]); `Ok(0)` is EOF. The bytes are then in [`ReadBuf::filled`].
-    fn read<R: Read + AsFd>(&mut self, r: &mut R) -> io::Result<usize> {
+    /// Reads once (see [`read_spare`]); `Ok(0)` is EOF. The bytes are then in [`ReadBuf::filled`].
+    fn read<R: AsFd>(&mut self, r: &R) -> io::Result<usize> {
         match self {
-            ReadBuf::Fixed(buf) => read_chunk(r, buf),
+            ReadBuf::Fixed(buf) => {
+                buf.clear();
+                read_spare(r, buf)
+            }
             ReadBuf::Blocks { cur, pool } => {
                 cur.clear();
                 if cur.capacity() < MIN_READ && !cur.try_reclaim(READ_BUF) {
@@ -225,8 +221,9 @@ impl ReadBuf {
     }
 }
 
-/// `read(2)` into the spare capacity of `block`, retrying EINTR and waiting out EAGAIN like
-/// [`read_chunk`]; the bytes read become `block`'s contents. Reading into uninitialised spare
+/// `read(2)` into the spare capacity of `block`, retrying EINTR and waiting out EAGAIN (for
+/// descriptors a client handed us in non-blocking mode); the bytes read become `block`'s
+/// contents. Reading into uninitialised spare
 /// capacity is what lets the observed relay skip both a copy and a zero-fill per read.
 fn read_spare<R: AsFd>(r: &R, block: &mut BytesMut) -> io::Result<usize> {
     let fd = r.as_fd().as_raw_fd();
@@ -258,7 +255,7 @@ fn read_spare<R: AsFd>(r: &R, block: &mut BytesMut) -> io::Result<usize> {
 /// reading ours and discards (as a server that stopped reading would leave the client writing
 /// into a pipe; blocking the client instead could deadlock it against its own reader).
 pub fn client_to_server<W: Write + AsFd>(
-    mut input: File,
+    input: File,
     output: W,
     tap: Option<Arc<TapSlot>>,
     notes: Sender<Note>,
@@ -266,7 +263,7 @@ pub fn client_to_server<W: Write + AsFd>(
     let mut buf = ReadBuf::new(tap.is_some());
     let mut output = Some(output);
     loop {
-        let n = match buf.read(&mut input) {
+        let n = match buf.read(&input) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
@@ -298,15 +295,15 @@ pub fn client_to_server<W: Write + AsFd>(
 /// Server → client: the child's stdout onto ours. Ends at the child's EOF with every byte
 /// written ([`Note::ServerEof`]), or when our stdout breaks ([`Note::ClientGone`]); then it
 /// drops the child's stdout so the server sees the same broken pipe it would see unwrapped.
-pub fn server_to_client<R: Read + AsFd>(
-    mut input: R,
+pub fn server_to_client<R: AsFd>(
+    input: R,
     mut output: File,
     tap: Option<Arc<TapSlot>>,
     notes: Sender<Note>,
 ) {
     let mut buf = ReadBuf::new(tap.is_some());
     let note = loop {
-        let n = match buf.read(&mut input) {
+        let n = match buf.read(&input) {
             Ok(0) | Err(_) => break Note::ServerEof,
             Ok(n) => n,
         };
@@ -340,7 +337,7 @@ mod tests {
     /// them go (blocks reused in place), with reads of every size up to a full pipe.
     #[test]
     fn observed_reads_hand_over_exactly_the_bytes_read() {
-        let (mut r, mut w) = std::io::pipe().expect("pipe");
+        let (r, mut w) = std::io::pipe().expect("pipe");
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let sent = data.clone();
         let writer = std::thread::spawn(move || {
@@ -353,7 +350,7 @@ mod tests {
         let mut held = Vec::new();
         let mut reads = 0;
         loop {
-            let n = buf.read(&mut r).expect("read");
+            let n = buf.read(&r).expect("read");
             if n == 0 {
                 break;
             }
@@ -377,6 +374,40 @@ mod tests {
         }
         writer.join().expect("writer");
         assert_eq!(got.len(), data.len());
+        assert!(got == data, "bytes differ");
+    }
+
+    /// Covers the `unsafe` in [`read_spare`] for the unobserved loop: its one buffer, never
+    /// zero-filled, gives exactly the bytes each read returned, in order, and never grows.
+    #[test]
+    fn unobserved_reads_pass_exactly_the_bytes_read() {
+        let (r, mut w) = std::io::pipe().expect("pipe");
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 13 % 241) as u8).collect();
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || {
+            for piece in sent.chunks(7_919) {
+                w.write_all(piece).expect("write");
+            }
+        });
+        let mut buf = ReadBuf::new(false);
+        let mut got = Vec::new();
+        loop {
+            let n = buf.read(&r).expect("read");
+            if n == 0 {
+                break;
+            }
+            assert!(n <= READ_BUF);
+            got.extend_from_slice(buf.filled(n));
+            assert!(
+                buf.take().is_empty(),
+                "an unobserved read is handed to no one"
+            );
+            match &buf {
+                ReadBuf::Fixed(b) => assert_eq!(b.capacity(), READ_BUF),
+                ReadBuf::Blocks { .. } => panic!("unobserved reads into blocks"),
+            }
+        }
+        writer.join().expect("writer");
         assert!(got == data, "bytes differ");
     }
 
