@@ -332,19 +332,25 @@ pub fn server_to_client<R: AsFd>(
 mod tests {
     use super::*;
 
+    /// A pipe whose other end a thread fills with `data`, `piece` bytes per write, then closes.
+    fn pipe_fed(data: &[u8], piece: usize) -> (std::io::PipeReader, std::thread::JoinHandle<()>) {
+        let (r, mut w) = std::io::pipe().expect("pipe");
+        let sent = data.to_vec();
+        let writer = std::thread::spawn(move || {
+            for p in sent.chunks(piece) {
+                w.write_all(p).expect("write");
+            }
+        });
+        (r, writer)
+    }
+
     /// Covers the `unsafe` in [`read_spare`]: every byte read is handed over exactly once, in
     /// order, whether the tap still holds earlier blocks (fresh blocks then) or has let
     /// them go (blocks reused in place), with reads of every size up to a full pipe.
     #[test]
     fn observed_reads_hand_over_exactly_the_bytes_read() {
-        let (r, mut w) = std::io::pipe().expect("pipe");
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let sent = data.clone();
-        let writer = std::thread::spawn(move || {
-            for piece in sent.chunks(10_007) {
-                w.write_all(piece).expect("write");
-            }
-        });
+        let (r, writer) = pipe_fed(&data, 10_007);
         let mut buf = ReadBuf::new(true);
         let mut got = Vec::new();
         let mut held = Vec::new();
@@ -381,14 +387,8 @@ mod tests {
     /// zero-filled, gives exactly the bytes each read returned, in order, and never grows.
     #[test]
     fn unobserved_reads_pass_exactly_the_bytes_read() {
-        let (r, mut w) = std::io::pipe().expect("pipe");
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 13 % 241) as u8).collect();
-        let sent = data.clone();
-        let writer = std::thread::spawn(move || {
-            for piece in sent.chunks(7_919) {
-                w.write_all(piece).expect("write");
-            }
-        });
+        let (r, writer) = pipe_fed(&data, 7_919);
         let mut buf = ReadBuf::new(false);
         let mut got = Vec::new();
         loop {
