@@ -223,8 +223,8 @@ impl ReadBuf {
 
 /// `read(2)` into the spare capacity of `block`, retrying EINTR and waiting out EAGAIN (for
 /// descriptors a client handed us in non-blocking mode); the bytes read become `block`'s
-/// contents. Reading into uninitialised spare
-/// capacity is what lets the observed relay skip both a copy and a zero-fill per read.
+/// contents. Reading into uninitialised spare capacity spares both loops a zero-fill, and lets
+/// the observed one hand its reads to the tap without a copy.
 fn read_spare<R: AsFd>(r: &R, block: &mut BytesMut) -> io::Result<usize> {
     let fd = r.as_fd().as_raw_fd();
     loop {
