@@ -759,19 +759,31 @@ fn serve(db: &str, env: &[(&str, &str)]) -> Result<Served, String> {
     Ok(Served { child, base })
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (`state` first, so `utime` is 11).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().map(String::from).collect())
+}
+
+/// The clock ticks in `fields` of a stat line, as time; `None` if one is missing.
+fn ticks(f: &[String], fields: std::ops::Range<usize>) -> Option<Duration> {
+    const USER_HZ: u64 = 100;
+    let mut sum = 0u64;
+    for i in fields {
+        sum += f.get(i)?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_millis(sum * 1000 / USER_HZ))
+}
+
 /// CPU time used so far by process `pid` (utime + stime), from `/proc/<pid>/stat`.
 fn pid_cpu(pid: u32) -> Option<Duration> {
-    const USER_HZ: u64 = 100;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 1000 / USER_HZ))
+    ticks(&stat_fields(pid)?, 11..13)
 }
 
 /// CPU time used so far by the PostgreSQL server whose postmaster is `postmaster` and by its
 /// backends, including the ones that have exited (`cutime`/`cstime` of the postmaster).
 fn server_cpu(postmaster: u32) -> Duration {
-    const USER_HZ: u64 = 100;
     let mut total = Duration::ZERO;
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return total;
@@ -780,23 +792,16 @@ fn server_cpu(postmaster: u32) -> Duration {
         let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        let Some(f) = stat_fields(pid) else {
             continue;
         };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
         let ppid = f.get(1).and_then(|p| p.parse::<u32>().ok());
         if pid != postmaster && ppid != Some(postmaster) {
             continue;
         }
         // utime, stime, and for the postmaster its reaped children's cutime, cstime.
         let fields = if pid == postmaster { 11..15 } else { 11..13 };
-        let ticks: u64 = fields
-            .filter_map(|i| f.get(i).and_then(|t| t.parse::<u64>().ok()))
-            .sum();
-        total += Duration::from_millis(ticks * 1000 / USER_HZ);
+        total += ticks(&f, fields).unwrap_or_default();
     }
     total
 }
@@ -810,8 +815,6 @@ fn load() -> String {
 /// Peak memory of the ingest under hostile bodies (issue 14): what one key holder can make it
 /// hold by sending bodies that are small on the wire and large once parsed.
 mod hostile {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Child, Command, Stdio};
     use std::time::{Duration, Instant};
 
     use bounded_observe_mcp::ingest::AdminClient;
@@ -870,48 +873,6 @@ mod hostile {
         ]
     }
 
-    struct Served {
-        child: Child,
-        base: String,
-    }
-
-    impl Drop for Served {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    fn serve(db: &std::path::Path) -> Result<Served, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_bounded-ingest"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-            .arg(db)
-            .env("BOUNDED_INGEST_ADMIN_SECRET", ADMIN_SECRET)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("spawn bounded-ingest: {e}"))?;
-        let stderr = child.stderr.take().ok_or("no stderr")?;
-        let mut lines = BufReader::new(stderr).lines();
-        let base = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    if let Some(i) = line.find("listening http://") {
-                        break line[i + "listening ".len()..].trim().to_string();
-                    }
-                }
-                _ => {
-                    let _ = child.kill();
-                    return Err("bounded-ingest exited before listening".into());
-                }
-            }
-        };
-        // Keep draining stderr so the child never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Ok(Served { child, base })
-    }
-
     /// `VmHWM` (peak resident set) of `pid`, in MiB.
     fn peak_rss_mib(pid: u32) -> Option<f64> {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -930,7 +891,9 @@ mod hostile {
         );
         let mut worst: f64 = 0.0;
         for (i, (name, body)) in shapes().into_iter().enumerate() {
-            let served = serve(&dir.path().join(format!("hostile-{i}.db")))?;
+            let db = dir.path().join(format!("hostile-{i}.db"));
+            let db = db.to_str().ok_or("temporary path is not UTF-8")?;
+            let served = super::serve(db, &[("BOUNDED_INGEST_ADMIN_SECRET", ADMIN_SECRET)])?;
             let admin = AdminClient::new(&served.base, ADMIN_SECRET).map_err(|e| e.to_string())?;
             let mut tokens = Vec::new();
             for s in 0..SENDERS {
