@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::cli::ObserveArgs;
 use crate::event::filter::{check_actor_id, FilterError};
 use crate::log::redact_url;
-use crate::token::SensorToken;
+use crate::token::{default_actor, SensorToken};
 
 /// The environment, passed in rather than read, so a parent CLI and the tests control it.
 pub type Env = HashMap<String, String>;
@@ -253,6 +253,11 @@ pub enum ConfigWarning {
         reason: String,
         default: String,
     },
+    /// The token's default actor `mcp:<keyId>` would fail the L3 filter on every event: its
+    /// key id holds what layer 4 removes (a digit run that reads as a card number). Keys that
+    /// `bounded-ingest` mints never do; one minted by an older ingest can.
+    #[error("the token's keyId would make the default actor fail the event filter ({reason}): events name the actor {DEFAULT_ACTOR_NO_TOKEN} (the ingest still records the key); set --actor, or mint a new key")]
+    KeyIdActor { reason: String },
     #[error(
         "allowed origin {value:?} is not scheme://host[:port] (e.g. https://app.example): ignored"
     )]
@@ -545,17 +550,30 @@ impl Config {
             }
         }
 
-        let default_actor = match &token {
-            Some(t) => format!("mcp:{}", t.key_id()),
+        // Checked with the filter's own rule: an actor it rejects would silently drop every
+        // event, so the default is used instead, with one warning. The same holds for the
+        // default itself: an ingest that predates `new_key_id`'s check could mint a key id that
+        // reads as a card number. The ingest records the key of every event (`sensor`), so
+        // `mcp:unknown` loses no evidence.
+        let fallback_actor = |warnings: &mut Vec<ConfigWarning>| match &token {
+            Some(t) => {
+                let a = default_actor(t.key_id());
+                match check_actor_id(&a) {
+                    Ok(()) => a,
+                    Err(FilterError::Invalid(reason)) => {
+                        warnings.push(ConfigWarning::KeyIdActor { reason });
+                        DEFAULT_ACTOR_NO_TOKEN.to_string()
+                    }
+                }
+            }
             None => DEFAULT_ACTOR_NO_TOKEN.to_string(),
         };
-        // Checked with the filter's own rule: an actor it rejects would silently drop every
-        // event, so the default is used instead, with one warning.
         let actor = match pick(&args.actor, ENV_ACTOR) {
-            None => default_actor,
+            None => fallback_actor(&mut warnings),
             Some((a, source)) => match check_actor_id(&a) {
                 Ok(()) => a,
                 Err(FilterError::Invalid(reason)) => {
+                    let default = fallback_actor(&mut warnings);
                     warnings.push(ConfigWarning::BadActor {
                         origin: if source == "flag" {
                             "--actor"
@@ -563,9 +581,9 @@ impl Config {
                             ENV_ACTOR
                         },
                         reason,
-                        default: default_actor.clone(),
+                        default: default.clone(),
                     });
-                    default_actor
+                    default
                 }
             },
         };
@@ -856,6 +874,36 @@ mod tests {
         .expect("ok");
         assert_eq!(c.capture_text, vec!["memo".to_string()]);
         assert!(c.capture.is_empty());
+    }
+
+    #[test]
+    fn a_key_id_that_reads_as_a_card_number_does_not_become_the_actor() {
+        // 0801084356246 is Luhn-valid: `mcp:<keyId>` would fail the filter on every event.
+        let token = "obs1.k_0801084356246c5c60f6.s";
+        let (c, w) = resolve(&["w", "--token", token, "--", "s"], &[]).expect("ok");
+        assert_eq!(c.actor, DEFAULT_ACTOR_NO_TOKEN);
+        assert!(check_actor_id(&c.actor).is_ok());
+        assert!(
+            matches!(w.as_slice(), [ConfigWarning::KeyIdActor { .. }]),
+            "{w:?}"
+        );
+        let text = w[0].to_string();
+        assert!(
+            text.contains("--actor") && !text.contains("0801084356246"),
+            "{text}"
+        );
+
+        // A valid --actor is used as given, and the key id is then no concern.
+        let (c, w) =
+            resolve(&["w", "--token", token, "--actor", "bot-7", "--", "s"], &[]).expect("ok");
+        assert_eq!(c.actor, "bot-7");
+        assert!(w.is_empty(), "{w:?}");
+
+        // An invalid one falls back past the key id to the placeholder, with both warnings.
+        let (c, w) =
+            resolve(&["w", "--token", token, "--actor", "a\nb", "--", "s"], &[]).expect("ok");
+        assert_eq!(c.actor, DEFAULT_ACTOR_NO_TOKEN);
+        assert_eq!(w.len(), 2, "{w:?}");
     }
 
     #[test]

@@ -76,6 +76,13 @@ impl SensorToken {
     }
 }
 
+/// The actor a sensor reports when `--actor` is not given: `mcp:<keyId>` (DESIGN §3). The
+/// ingest mints only key ids whose default actor the event filter accepts
+/// ([`crate::ingest::keys::new_key_id`]).
+pub fn default_actor(key_id: &str) -> String {
+    format!("mcp:{key_id}")
+}
+
 /// A byte of the base64url alphabet without padding (RFC 4648 §5): `A-Z a-z 0-9 - _`. The
 /// crate's one test for it: a token's keyId and signature, an event id (the schema's
 /// `^[A-Za-z0-9_-]{8,64}$`, which hex and UUIDs fit), and the segments L4 reads as a JWT.

@@ -137,22 +137,7 @@ fn bounded_variables_never_reach_the_server() {
 
 #[test]
 fn invalid_actor_warns_once_and_events_keep_the_default_actor() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let events_path = dir.path().join("events.jsonl");
-    let mut cmd = wrapper();
-    cmd.arg("--ingest")
-        .arg(format!("file:{}", events_path.display()))
-        .args(["--token", TOKEN, "--flush-ms", "50"])
-        .args(["--actor", "agent\tseven"])
-        .args(["--", "sh", "-c", ONE_CALL_SERVER]);
-    let out = run_with_input(cmd, &format!("{ONE_CALL}\n"));
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert!(
-        text(&out.stdout).contains(r#""id":1,"result""#),
-        "the call was answered"
-    );
-
+    let (stderr, events) = one_observed_call(&["--token", TOKEN, "--actor", "agent\tseven"]);
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("actor")).collect();
     assert_eq!(warnings.len(), 1, "one warning about the actor: {stderr}");
     assert!(
@@ -163,7 +148,46 @@ fn invalid_actor_warns_once_and_events_keep_the_default_actor() {
         !stderr.contains('\t'),
         "the bad value is not echoed: {stderr}"
     );
+    assert_eq!(events[0]["actor"]["id"], DEFAULT_ACTOR);
+}
 
+/// A key id with a Luhn-valid run of 13 digits (0801084356246), as an ingest that did not redraw
+/// such ids could mint: its default actor would fail the filter on every event.
+#[test]
+fn a_key_id_that_reads_as_a_card_number_warns_and_events_still_land() {
+    let token = "obs1.k_0801084356246c5c60f6.c2lnbmF0dXJl";
+    let (stderr, events) = one_observed_call(&["--token", token]);
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("keyId")).collect();
+    assert_eq!(warnings.len(), 1, "one warning about the key id: {stderr}");
+    assert!(
+        warnings[0].contains("--actor") && warnings[0].contains("mcp:unknown"),
+        "says what to do and which actor is used: {stderr}"
+    );
+    assert!(
+        !stderr.contains("schema filter"),
+        "no event was filtered: {stderr}"
+    );
+    assert_eq!(events[0]["actor"]["id"], "mcp:unknown");
+}
+
+/// One `tools/call` through the observed wrapper (file sink) with `args`: its stderr and the
+/// events written, after checking the call was answered and its one event written.
+fn one_observed_call(args: &[&str]) -> (String, Vec<Value>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events_path = dir.path().join("events.jsonl");
+    let mut cmd = wrapper();
+    cmd.arg("--ingest")
+        .arg(format!("file:{}", events_path.display()))
+        .args(["--flush-ms", "50"])
+        .args(args)
+        .args(["--", "sh", "-c", ONE_CALL_SERVER]);
+    let out = run_with_input(cmd, &format!("{ONE_CALL}\n"));
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        text(&out.stdout).contains(r#""id":1,"result""#),
+        "the call was answered"
+    );
     let file = std::fs::read_to_string(&events_path).unwrap_or_default();
     let events: Vec<Value> = file
         .lines()
@@ -173,10 +197,10 @@ fn invalid_actor_warns_once_and_events_keep_the_default_actor() {
     assert_eq!(
         events.len(),
         1,
-        "the call's event was not dropped: {file:?}"
+        "the call's event was not dropped: {file:?} {stderr}"
     );
-    assert_eq!(events[0]["actor"]["id"], DEFAULT_ACTOR);
     assert_eq!(events[0]["status"], 200);
+    (stderr, events)
 }
 
 /// A process whose stderr is collected line by line while it runs.

@@ -23,8 +23,9 @@ use base64::Engine;
 use ring::hmac;
 
 use super::IngestError;
+use crate::event::filter::check_actor_id;
 use crate::random;
-use crate::token::{SensorToken, TOKEN_PREFIX};
+use crate::token::{default_actor, SensorToken, TOKEN_PREFIX};
 
 /// Signing secret length: the HMAC-SHA256 block-size-independent recommendation (= output size).
 const SIGNING_SECRET_BYTES: usize = 32;
@@ -127,10 +128,25 @@ fn decode_signing_secret(text: &str) -> Option<Vec<u8>> {
         .filter(|s| s.len() == SIGNING_SECRET_BYTES)
 }
 
-/// A fresh key id: `k_` + 20 lower-case hex digits (fits `SensorToken`'s keyId rules).
+/// A fresh key id: `k_` + 20 lower-case hex digits (fits `SensorToken`'s keyId rules), whose
+/// default actor `mcp:<keyId>` the event filter accepts.
 pub fn new_key_id() -> Result<String, IngestError> {
-    let b = random::bytes::<KEY_ID_RANDOM_BYTES>()?;
-    Ok(format!("{KEY_ID_PREFIX}{}", crate::event::hex_lower(&b)))
+    clear_key_id(random::bytes::<KEY_ID_RANDOM_BYTES>)
+}
+
+/// The first drawn key id whose default actor passes [`check_actor_id`]. Random hex holds a
+/// Luhn-valid run of 13 or more decimal digits in about one id in 400 (`k_0801084356246c5c60f6`),
+/// and layer 4 reads that as a card number: every event of such a key's sensor would be
+/// rejected, by the sensor's own filter and by ours. Redrawing costs one more draw in 400.
+fn clear_key_id(
+    mut draw: impl FnMut() -> Result<[u8; KEY_ID_RANDOM_BYTES], random::Unavailable>,
+) -> Result<String, IngestError> {
+    loop {
+        let id = format!("{KEY_ID_PREFIX}{}", crate::event::hex_lower(&draw()?));
+        if check_actor_id(&default_actor(&id)).is_ok() {
+            return Ok(id);
+        }
+    }
 }
 
 /// Writes `contents` (and a newline) as a new secret file readable by the owner only. Fails
@@ -364,6 +380,23 @@ impl std::fmt::Debug for AdminSecret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_id_whose_actor_reads_as_a_card_number_is_redrawn() {
+        // 0801084356246 is Luhn-valid: the first draw's default actor fails the filter.
+        let card = [0x08, 0x01, 0x08, 0x43, 0x56, 0x24, 0x6c, 0x5c, 0x60, 0xf6];
+        let plain = [0xab; KEY_ID_RANDOM_BYTES];
+        assert!(check_actor_id(&default_actor("k_0801084356246c5c60f6")).is_err());
+        let mut draws = vec![Ok(plain), Ok(card)];
+        let id = clear_key_id(|| draws.pop().expect("at most two draws")).expect("rng");
+        assert_eq!(id, format!("k_{}", "ab".repeat(KEY_ID_RANDOM_BYTES)));
+        assert!(
+            draws.is_empty(),
+            "the card-like id was drawn and passed over"
+        );
+        // A generator that fails is an error, not a loop.
+        assert!(clear_key_id(|| Err(random::Unavailable)).is_err());
+    }
 
     #[test]
     fn minted_token_verifies_and_a_forged_one_does_not() {
