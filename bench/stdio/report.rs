@@ -15,7 +15,10 @@ const ADDED_P50_MAX: f64 = 1.15;
 const ADDED_P99_MAX: f64 = 1.3;
 const PIPELINED_MIN: f64 = 0.95;
 const BANDWIDTH_MIN: f64 = 0.95;
-const RSS_SMALL_MAX_MIB: f64 = 8.0;
+/// Issue 20 item 1 replaced issue 2's 8 MiB: the column is the pipelined burst's peak (the larger
+/// of the sequential and pipelined workloads), ≤ 16 MiB; a small session's memory has its own
+/// target in the typical-session scenario (≤ 6 MiB).
+const RSS_SMALL_MAX_MIB: f64 = 16.0;
 /// Plus 2 × the largest frame for the 5 MB workload.
 const RSS_BIG_BASE_MIB: f64 = 8.0;
 const CLOSE_MAX_MS: f64 = 5.0;
