@@ -114,6 +114,9 @@ pub struct BenchSwitches {
     pub summary: bool,
     /// `trim`: the tap passes only the head and tail of a large frame (`crate::tap`).
     pub trim: bool,
+    /// `prefault`: the relay faults in the blocks a burst takes fresh in one call each
+    /// (`crate::proxy::stdio`, the relay's `PREFAULT_AFTER`).
+    pub prefault: bool,
 }
 
 impl Default for BenchSwitches {
@@ -123,6 +126,7 @@ impl Default for BenchSwitches {
             idle: true,
             summary: true,
             trim: true,
+            prefault: true,
         }
     }
 }
@@ -141,6 +145,7 @@ impl BenchSwitches {
                     on.trim = false;
                 }
                 "trim" => on.trim = false,
+                "prefault" => on.prefault = false,
                 _ => unknown.push(name.to_string()),
             }
         }
@@ -263,7 +268,7 @@ pub enum ConfigWarning {
     )]
     BadOrigin { value: String },
     #[error(
-        "{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, idle, summary, trim: ignored"
+        "{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, idle, summary, trim, prefault: ignored"
     )]
     BadBenchSwitch { value: String },
     /// An OTLP setting (`crate::otlp::config`); the sentence never holds a header value.
@@ -766,14 +771,18 @@ mod tests {
         assert!(w.contains(&ConfigWarning::BadBenchSwitch {
             value: "bogus".into()
         }));
-        let (c, _) =
-            resolve(&["w", "--", "srv"], &[(ENV_BENCH_DISABLE, "summary,pacer")]).expect("ok");
+        let (c, _) = resolve(
+            &["w", "--", "srv"],
+            &[(ENV_BENCH_DISABLE, "summary,pacer,prefault")],
+        )
+        .expect("ok");
         assert_eq!(
             c.bench,
             BenchSwitches {
                 pacer: false,
                 summary: false,
                 trim: false,
+                prefault: false,
                 ..BenchSwitches::default()
             }
         );

@@ -135,7 +135,11 @@ fn run_stdio(cfg: &Config) -> i32 {
     // The relay runs on its own threads; this (main) thread spawns the server and drives the
     // session.
     let proxy = StdioProxy::new(program.clone(), args.clone());
-    let outcome = proxy.run(Some(Tapped { tx: c2s }), Some(Tapped { tx: s2c }));
+    let prefault = cfg.bench.prefault;
+    let outcome = proxy.run(
+        Some(Tapped { tx: c2s, prefault }),
+        Some(Tapped { tx: s2c, prefault }),
+    );
     let cause = session_ended(&outcome);
     observer.finish(cfg, cause, &tap_stats);
     outcome.exit_code

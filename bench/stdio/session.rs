@@ -42,17 +42,20 @@ pub enum Mechanism {
     Summary,
     /// The tap's trimming of large messages.
     Trim,
+    /// The relay's faulting in of the blocks a burst takes fresh.
+    Prefault,
 }
 
 /// The environment variable a `wrap:file-no-<name>` target sets on the wrapper.
 pub const ENV_DISABLE: &str = "BOUNDED_BENCH_DISABLE";
 
 impl Mechanism {
-    pub const ALL: [Mechanism; 4] = [
+    pub const ALL: [Mechanism; 5] = [
         Mechanism::Pacer,
         Mechanism::Idle,
         Mechanism::Summary,
         Mechanism::Trim,
+        Mechanism::Prefault,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +64,7 @@ impl Mechanism {
             Mechanism::Idle => "idle",
             Mechanism::Summary => "summary",
             Mechanism::Trim => "trim",
+            Mechanism::Prefault => "prefault",
         }
     }
 
@@ -133,6 +137,7 @@ impl Target {
                 Mechanism::Idle => "wrap:file-no-idle",
                 Mechanism::Summary => "wrap:file-no-summary",
                 Mechanism::Trim => "wrap:file-no-trim",
+                Mechanism::Prefault => "wrap:file-no-prefault",
             },
             Target::Wrap(WrapMode::Healthy) => "wrap:healthy",
             Target::Wrap(WrapMode::BlackHole) => "wrap:blackhole",

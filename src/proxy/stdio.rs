@@ -82,6 +82,9 @@ pub const KILL_GRACE: Duration = Duration::from_secs(1);
 /// One observed direction, as the relay takes it: where its chunks go.
 pub struct Tapped {
     pub tx: TapSender,
+    /// Fault in the blocks a burst takes fresh in one call each (on, except for the
+    /// benchmark's `prefault` switch; see `relay::PREFAULT_AFTER`).
+    pub prefault: bool,
 }
 
 /// Signals forwarded to the child's process group (invariant 6).
@@ -171,8 +174,8 @@ impl StdioProxy {
             }
         };
         let group = Arc::new(spawned.group);
-        let c2s = c2s.map(|t| TapSlot::new(t.tx));
-        let s2c = s2c.map(|t| TapSlot::new(t.tx));
+        let c2s = c2s.map(|t| TapSlot::new(t.tx, t.prefault));
+        let s2c = s2c.map(|t| TapSlot::new(t.tx, t.prefault));
         let (tx, rx) = mpsc::channel();
 
         if let Some(mut signals) = signals {

@@ -5,7 +5,8 @@
 //! Unobserved, a loop holds exactly one fixed [`READ_BUF`] buffer for its whole life (nothing
 //! grows, so nothing oversized is kept). Observed, it reads into [`READ_BUF`] blocks whose
 //! filled parts it gives to the tap as they are: the bytes written onward are the bytes the
-//! observer gets, with no copy (a copy per chunk cost the relay thread ~40 % more CPU per MB).
+//! observer gets, with no copy (a copy per chunk cost the relay thread ~40 % more CPU per MB);
+//! in a burst, fresh blocks are faulted in whole ([`PREFAULT_AFTER`]).
 //! Writes go out with `write_all` on an unbuffered descriptor (no `BufWriter`, no `LineWriter`
 //! holding a partial line). Must never parse, log per chunk, allocate when unobserved, or wait
 //! on the observer.
@@ -44,6 +45,8 @@ pub enum Note {
 /// observer only finishes once every sender is gone.
 pub struct TapSlot {
     tx: Mutex<Option<TapSender>>,
+    /// Blocks taken during a burst are faulted in with one call (see [`PREFAULT_AFTER`]).
+    prefault: bool,
     /// Bytes were read and announced ([`TapSlot::begin`]) and are not offered or settled yet.
     /// Only changed with `tx` locked.
     forwarding: AtomicBool,
@@ -58,9 +61,11 @@ pub struct TapSlot {
 const HAND_OFF_WAIT: Duration = Duration::from_millis(100);
 
 impl TapSlot {
-    pub fn new(tx: TapSender) -> Arc<Self> {
+    /// `prefault`: see [`PREFAULT_AFTER`] (on, except for the benchmark's `prefault` switch).
+    pub fn new(tx: TapSender, prefault: bool) -> Arc<Self> {
         Arc::new(TapSlot {
             tx: Mutex::new(Some(tx)),
+            prefault,
             forwarding: AtomicBool::new(false),
             handed: Condvar::new(),
         })
@@ -149,6 +154,48 @@ const MIN_READ: usize = 16 * 1024;
 /// (2 MiB) cover what a burst leaves queued while the observer catches up.
 const POOL_BLOCKS: usize = 32;
 
+/// Once this many blocks are kept ([`POOL_BLOCKS`] at most), a block the loop has to take
+/// fresh is faulted in with one `madvise(MADV_POPULATE_WRITE)` instead of one page fault per
+/// 4 KiB as reads first write it. Only a burst that outruns the observer gets this far (the tap
+/// still holds pieces of the kept blocks), and there the faults were most of what the relay
+/// threads spent per call over the unobserved ones: pinned pipelined burst 0.97–1.01 × the
+/// minimal relay's rate with it, 0.94–0.95 without. Not from the first block: a sequential
+/// session takes a fresh block now and then, and faulting in all of it at once lands on one
+/// call (added p99 1.87–2.04 × the relay's against 1.35–1.55). `bench/README.md`, "Faulting in
+/// a burst's blocks".
+const PREFAULT_AFTER: usize = 8;
+
+/// Faults in the whole 4 KiB pages of `spare` (a block's unused capacity) for writing, in one
+/// system call: what the reads would have done page by page; nothing else changes. Errors are
+/// ignored (a kernel before 5.14 has no `MADV_POPULATE_WRITE`; with larger pages the range is
+/// misaligned): the pages then fault in as they are written.
+fn prefault(spare: &mut [std::mem::MaybeUninit<u8>]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let start = spare.as_mut_ptr() as usize;
+        let first = start.next_multiple_of(PAGE);
+        let last = (start + spare.len()) / PAGE * PAGE;
+        if last > first {
+            // SAFETY: [first, last) lies within `spare`, borrowed mutably here, so no other
+            // reference to it exists. MADV_POPULATE_WRITE only makes its pages present and
+            // writable, as a write to each would: it does not unmap, free or write them (a page
+            // already present keeps its bytes; one that was not reads as zeros, as after a
+            // first write's fault), and `spare` is uninitialised memory to the caller before
+            // and after. A refusal only returns -1.
+            unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_POPULATE_WRITE,
+                )
+            };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = spare;
+}
+
 /// Where a relay loop reads. Unobserved: one fixed buffer, reused for every read. Observed:
 /// blocks of [`READ_BUF`] filled read by read; each read's bytes are split off as a [`Bytes`]
 /// for the tap (a reference, not a copy), and a block comes back to the loop for reuse once
@@ -164,15 +211,19 @@ enum ReadBuf {
         cur: BytesMut,
         /// Blocks filled earlier, possibly still partly held by the tap.
         pool: VecDeque<BytesMut>,
+        /// See [`PREFAULT_AFTER`].
+        prefault: bool,
     },
 }
 
 impl ReadBuf {
-    fn new(observed: bool) -> ReadBuf {
+    /// `prefault` (observed only): see [`PREFAULT_AFTER`].
+    fn new(observed: bool, prefault: bool) -> ReadBuf {
         if observed {
             ReadBuf::Blocks {
                 cur: BytesMut::with_capacity(READ_BUF),
                 pool: VecDeque::with_capacity(POOL_BLOCKS),
+                prefault,
             }
         } else {
             ReadBuf::Fixed(BytesMut::with_capacity(READ_BUF))
@@ -186,13 +237,21 @@ impl ReadBuf {
                 buf.clear();
                 read_spare(r, buf)
             }
-            ReadBuf::Blocks { cur, pool } => {
+            ReadBuf::Blocks {
+                cur,
+                pool,
+                prefault: fault_in,
+            } => {
                 cur.clear();
                 if cur.capacity() < MIN_READ && !cur.try_reclaim(READ_BUF) {
                     let free = pool.iter_mut().position(|b| b.try_reclaim(READ_BUF));
-                    let next = free
-                        .and_then(|i| pool.remove(i))
-                        .unwrap_or_else(|| BytesMut::with_capacity(READ_BUF));
+                    let next = free.and_then(|i| pool.remove(i)).unwrap_or_else(|| {
+                        let mut fresh = BytesMut::with_capacity(READ_BUF);
+                        if *fault_in && pool.len() >= PREFAULT_AFTER {
+                            prefault(fresh.spare_capacity_mut());
+                        }
+                        fresh
+                    });
                     let full = std::mem::replace(cur, next);
                     if pool.len() == POOL_BLOCKS {
                         pool.pop_front();
@@ -260,7 +319,7 @@ pub fn client_to_server<W: Write + AsFd>(
     tap: Option<Arc<TapSlot>>,
     notes: Sender<Note>,
 ) {
-    let mut buf = ReadBuf::new(tap.is_some());
+    let mut buf = ReadBuf::new(tap.is_some(), tap.as_ref().is_some_and(|t| t.prefault));
     let mut output = Some(output);
     loop {
         let n = match buf.read(&input) {
@@ -301,7 +360,7 @@ pub fn server_to_client<R: AsFd>(
     tap: Option<Arc<TapSlot>>,
     notes: Sender<Note>,
 ) {
-    let mut buf = ReadBuf::new(tap.is_some());
+    let mut buf = ReadBuf::new(tap.is_some(), tap.as_ref().is_some_and(|t| t.prefault));
     let note = loop {
         let n = match buf.read(&input) {
             Ok(0) | Err(_) => break Note::ServerEof,
@@ -351,7 +410,7 @@ mod tests {
     fn observed_reads_hand_over_exactly_the_bytes_read() {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let (r, writer) = pipe_fed(&data, 10_007);
-        let mut buf = ReadBuf::new(true);
+        let mut buf = ReadBuf::new(true, true);
         let mut got = Vec::new();
         let mut held = Vec::new();
         let mut reads = 0;
@@ -383,13 +442,108 @@ mod tests {
         assert!(got == data, "bytes differ");
     }
 
+    /// Minor page faults of the calling thread so far (field 10 of its stat line).
+    #[cfg(target_os = "linux")]
+    fn thread_minflt() -> u64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
+        let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+        rest.split(' ')
+            .nth(7)
+            .and_then(|f| f.parse().ok())
+            .expect("minflt")
+    }
+
+    /// Covers the `unsafe` in [`prefault`]: a block's bytes, length and capacity stay as they
+    /// are; fresh pages are then present (writing them faults no more); and blocks taken fresh
+    /// past [`PREFAULT_AFTER`] hand over exactly the bytes read into them.
+    #[test]
+    fn prefaulted_blocks_keep_their_bytes_and_take_reads() {
+        let mut b = BytesMut::with_capacity(READ_BUF);
+        b.extend_from_slice(&[7u8; 5000]);
+        let cap = b.capacity();
+        prefault(b.spare_capacity_mut());
+        assert_eq!((b.len(), b.capacity()), (5000, cap));
+        assert!(b.iter().all(|&x| x == 7), "bytes changed");
+
+        // Fresh anonymous pages, never touched: writing them faults page by page, unless they
+        // were faulted in first.
+        #[cfg(target_os = "linux")]
+        {
+            let faults_writing = |faulted_in: bool| {
+                let len = READ_BUF;
+                // SAFETY: a new private anonymous mapping of `len` bytes, owned by this closure
+                // alone; checked for MAP_FAILED before use and unmapped below, after its last
+                // use. Its bytes are only written through `spare`, then read back.
+                let at = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                };
+                assert_ne!(at, libc::MAP_FAILED, "mmap");
+                // SAFETY: `at` is a live mapping of `len` bytes (above), aligned for u8, not
+                // aliased; MaybeUninit makes no claim about its contents.
+                let spare = unsafe {
+                    std::slice::from_raw_parts_mut(at.cast::<std::mem::MaybeUninit<u8>>(), len)
+                };
+                if faulted_in {
+                    prefault(spare);
+                }
+                let before = thread_minflt();
+                for byte in spare.iter_mut() {
+                    byte.write(1);
+                }
+                let faults = thread_minflt() - before;
+                // SAFETY: every byte was just written; the slice is not used after munmap.
+                let all_ones = unsafe { std::slice::from_raw_parts(at.cast::<u8>(), len) }
+                    .iter()
+                    .all(|&x| x == 1);
+                // SAFETY: unmaps exactly the mapping made above; nothing refers to it after.
+                assert_eq!(unsafe { libc::munmap(at, len) }, 0);
+                assert!(all_ones);
+                faults
+            };
+            let lazily = faults_writing(false);
+            let faulted_in = faults_writing(true);
+            assert!(
+                lazily >= 8 && faulted_in <= 1,
+                "faults writing 64 KiB: {lazily} lazily, {faulted_in} after prefault"
+            );
+        }
+
+        // A burst the observer does not keep up with: every chunk is held to the end, so the
+        // loop keeps taking fresh blocks, faulted in once PREFAULT_AFTER are kept.
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 11 % 253) as u8).collect();
+        let (r, writer) = pipe_fed(&data, 65_536);
+        let mut buf = ReadBuf::new(true, true);
+        let mut held = Vec::new();
+        loop {
+            let n = buf.read(&r).expect("read");
+            if n == 0 {
+                break;
+            }
+            held.push(buf.take());
+        }
+        writer.join().expect("writer");
+        match &buf {
+            ReadBuf::Blocks { pool, .. } => assert!(pool.len() >= PREFAULT_AFTER),
+            ReadBuf::Fixed(_) => panic!("observed reads into one buffer"),
+        }
+        let got: Vec<u8> = held.iter().flat_map(|c| c.iter().copied()).collect();
+        assert!(got == data, "bytes differ");
+    }
+
     /// Covers the `unsafe` in [`read_spare`] for the unobserved loop: its one buffer, never
     /// zero-filled, gives exactly the bytes each read returned, in order, and never grows.
     #[test]
     fn unobserved_reads_pass_exactly_the_bytes_read() {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 13 % 241) as u8).collect();
         let (r, writer) = pipe_fed(&data, 7_919);
-        let mut buf = ReadBuf::new(false);
+        let mut buf = ReadBuf::new(false, false);
         let mut got = Vec::new();
         loop {
             let n = buf.read(&r).expect("read");
@@ -418,7 +572,7 @@ mod tests {
     fn closing_waits_for_bytes_already_forwarded() {
         use crate::tap::{Drained, TapMsg};
         let (c2s, _s2c, mut rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-        let slot = TapSlot::new(c2s);
+        let slot = TapSlot::new(c2s, true);
         slot.begin();
         let relay = {
             let slot = slot.clone();
@@ -437,7 +591,7 @@ mod tests {
         assert!(matches!(out.pop_front(), Some(TapMsg::Closed { .. })));
         // Nothing announced: closing does not wait.
         let (c2s, _s2c, _rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-        let slot = TapSlot::new(c2s);
+        let slot = TapSlot::new(c2s, true);
         let t0 = Instant::now();
         slot.close(t0);
         assert!(t0.elapsed() < HAND_OFF_WAIT);
