@@ -139,6 +139,14 @@ pub struct Record {
     /// The same per MB of 5 MB responses.
     #[serde(default)]
     pub faults_bw_per_mb: BTreeMap<String, f64>,
+    /// Whole-session CPU per `tools/call`, µs: the target and its server from spawn to exit
+    /// (start-up, handshake and warm-up included), divided by the session's calls. Unlike the
+    /// windows above, it counts what the observer does after the last answer, when it runs
+    /// behind. Sequential and pipelined sessions.
+    #[serde(default)]
+    pub seq_session_cpu_us: Option<f64>,
+    #[serde(default)]
+    pub pipe_session_cpu_us: Option<f64>,
     /// CPU of the target's top process per MB relayed in the 5 MB workload, µs, by thread name.
     pub cpu_bw_us_per_mb: BTreeMap<String, f64>,
     /// Slowest sequential call, µs.
@@ -682,7 +690,8 @@ fn run_target(
     let calls = sess.calls;
     rec.calls += calls;
     let file = sess.events_file.clone();
-    sess.finish()?;
+    let fin = sess.finish()?;
+    rec.seq_session_cpu_us = Some(fin.session_cpu_ms * 1e3 / (calls as f64).max(1.0));
     note_events(rec, "sequential", calls, ev.after(b, file));
 
     // 2. Pipelined throughput.
@@ -710,7 +719,8 @@ fn run_target(
     let calls = sess.calls;
     rec.calls += calls;
     let file = sess.events_file.clone();
-    sess.finish()?;
+    let fin = sess.finish()?;
+    rec.pipe_session_cpu_us = Some(fin.session_cpu_ms * 1e3 / (calls as f64).max(1.0));
     note_events(rec, "pipelined", calls, ev.after(b, file));
 
     // 3. Bandwidth: large responses, requests pipelined so the pipe never idles.

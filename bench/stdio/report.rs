@@ -22,6 +22,9 @@ const RSS_SMALL_MAX_MIB: f64 = 16.0;
 /// Plus 2 × the largest frame for the 5 MB workload.
 const RSS_BIG_BASE_MIB: f64 = 8.0;
 const CLOSE_MAX_MS: f64 = 5.0;
+/// Issue 20 item 2: observer + reporter CPU per small `tools/call` over the relay's, file sink;
+/// held to the pipelined session's whole CPU time, where start-up weighs least.
+const OBSERVE_CPU_MAX_US: f64 = 1.5;
 /// The reporter's default shutdown flush deadline: a dead ingest may delay exit by this much
 /// (issue 4, item 4), so the black hole's close → exit target is this plus the usual 5 ms.
 const SHUTDOWN_FLUSH_MS: f64 = 2000.0;
@@ -47,6 +50,8 @@ struct Agg {
     faults_pipe: BTreeMap<String, f64>,
     faults_bw: BTreeMap<String, f64>,
     cpu_bw: BTreeMap<String, f64>,
+    seq_session_cpu: Option<f64>,
+    pipe_session_cpu: Option<f64>,
     max: Option<f64>,
     /// Summed over the runs: workload → (events seen, tools/call made).
     events: BTreeMap<String, (u64, u64, u64)>,
@@ -90,6 +95,8 @@ fn agg(records: &[&Record]) -> Agg {
         faults_pipe: cpu(&|r| &r.faults_pipe_k),
         faults_bw: cpu(&|r| &r.faults_bw_per_mb),
         cpu_bw: cpu(&|r| &r.cpu_bw_us_per_mb),
+        seq_session_cpu: m(&|r| r.seq_session_cpu_us),
+        pipe_session_cpu: m(&|r| r.pipe_session_cpu_us),
         max: m(&|r| r.seq_max_us),
         events: records.iter().fold(BTreeMap::new(), |mut acc, r| {
             for (k, (seen, calls, not_ok)) in &r.events {
@@ -213,7 +220,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
         let _ = writeln!(
             o,
             "(RSS = VmHWM of the target's top process: the server for direct, the relay process, the wrapper; \
-             CPU = that process's CPU µs per measured tools/call; max = slowest sequential call)"
+             CPU = that process's CPU µs per measured tools/call, within the measured calls' window only; max = slowest sequential call)"
         );
 
         let (direct, relay) = (get("direct"), get("relay"));
@@ -314,6 +321,32 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
             }
             let _ = writeln!(o, "{line}");
         }
+        let _ = writeln!(
+            o,
+            "\nWhole-session CPU, µs per tools/call: the target and its server from spawn to exit, start-up and warm-up \
+             included, and what an observer running behind does after the last answer (the windows above miss that); \
+             sequential / pipelined session, then over the relay's (pipelined ≤ {OBSERVE_CPU_MAX_US:.1}, issue 20 item 2)"
+        );
+        let relay_sess = relay.map(|a| (a.seq_session_cpu, a.pipe_session_cpu));
+        for (t, a) in &by_target {
+            let mut line = format!(
+                "{:<20}  {} / {}",
+                t.name(),
+                f(a.seq_session_cpu, 2),
+                f(a.pipe_session_cpu, 2)
+            );
+            if let (Target::Wrap(_), Some((rs, rp))) = (t, relay_sess) {
+                let over = |w: Option<f64>, r: Option<f64>| Some(w? - r?);
+                let _ = write!(
+                    line,
+                    "    over relay {} / {}",
+                    f(over(a.seq_session_cpu, rs), 2),
+                    cell(over(a.pipe_session_cpu, rp), 2, |x| x <= OBSERVE_CPU_MAX_US)
+                );
+            }
+            let _ = writeln!(o, "{line}");
+        }
+
         let _ = writeln!(
             o,
             "\nMinor page faults of the target's top process by thread: per 1,000 pipelined calls / per MB of 5 MB responses"

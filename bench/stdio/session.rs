@@ -186,6 +186,10 @@ pub struct Finish {
     pub close_to_exit: Duration,
     pub lines: u64,
     pub bytes: u64,
+    /// CPU time, ms, of the target and of every process it reaped (its server), from spawn to
+    /// exit: unlike a /proc window around a workload, this includes what an observer running
+    /// behind does after the workload's last answer (see [`children_cpu_ms`]).
+    pub session_cpu_ms: f64,
 }
 
 pub struct Session {
@@ -578,11 +582,13 @@ impl Session {
                 Err(e) => return Err(self.abort("draining stdout", e)),
             }
         }
+        let cpu_before = children_cpu_ms();
         let status = match self.child.wait() {
             Ok(s) => s,
             Err(e) => return Err(self.abort("wait", e)),
         };
         let close_to_exit = t0.elapsed();
+        let session_cpu_ms = children_cpu_ms() - cpu_before;
         if !status.success() {
             return Err(format!(
                 "{}: exited {} after stdin was closed; stderr: {}",
@@ -595,6 +601,7 @@ impl Session {
             close_to_exit,
             lines,
             bytes,
+            session_cpu_ms,
         })
     }
 }
@@ -801,6 +808,18 @@ pub fn start_watchdog(pgid: u32, deadline: Duration) -> mpsc::Sender<()> {
 
 /// Reads VmHWM and per-thread CPU time (`se.sum_exec_runtime`, ns precision, from
 /// /proc/<pid>/task/<tid>/sched; falls back to utime+stime ticks where that file is absent).
+/// User + system CPU, ms, of this process's children that were waited for, and of what they
+/// waited for in turn. Read around one `wait`, the difference is that child's whole CPU time,
+/// its server included: sessions run one at a time in a phase process, and nothing else of its
+/// children is reaped meanwhile.
+pub fn children_cpu_ms() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let ms = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| ms(u.user_time()) + ms(u.system_time()))
+        .unwrap_or(f64::NAN)
+}
+
 pub fn proc_snapshot(pid: u32) -> ProcSnap {
     let mut snap = ProcSnap::default();
     if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
