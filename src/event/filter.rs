@@ -556,53 +556,10 @@ fn check_text(s: &str, field: &str, non_empty: bool) -> Result<(), FilterError> 
 /// the event, so at the ingest a hit means a sensor that does not, and the event is rejected and
 /// counted.
 fn check_clear(s: &str, field: &str) -> Result<(), FilterError> {
-    if sensitive_memo(s) {
+    if privacy::contains_sensitive_recalled(s) {
         return Err(invalid(field, "holds a value the L4 scrubber removes"));
     }
     Ok(())
-}
-
-/// Metadata strings whose L4 verdict a thread keeps: most of an event's metadata (host, path,
-/// tool name, session id, protocol, client, tool hash) repeats on every call of a session, and
-/// a hex hash or id runs the card, IBAN and contextual detectors each time. Enough for the
-/// metadata of one event and the session around it.
-const CLEAR_MEMO_SLOTS: usize = 16;
-/// Longer strings are scanned every time: metadata is short, and a long string's scan is cheap
-/// next to what comparing it would be worth.
-const CLEAR_MEMO_MAX_LEN: usize = 128;
-
-thread_local! {
-    /// Strings this thread last scanned with their verdict, replaced round-robin; a hit needs
-    /// the exact same content, so it returns what [`privacy::contains_sensitive`] returned for
-    /// it. Holds at most 2 KiB of metadata this thread has just handled, and nothing else.
-    static CLEAR_MEMO: std::cell::RefCell<ClearMemo> =
-        const { std::cell::RefCell::new((Vec::new(), 0)) };
-}
-
-/// [`CLEAR_MEMO`]'s slots (a string and its verdict) and the next slot to replace once full.
-type ClearMemo = (Vec<(Box<str>, bool)>, usize);
-
-/// [`privacy::contains_sensitive`] with [`CLEAR_MEMO`]: same verdicts, a scan only on strings
-/// not seen lately.
-fn sensitive_memo(s: &str) -> bool {
-    if s.len() > CLEAR_MEMO_MAX_LEN {
-        return privacy::contains_sensitive(s);
-    }
-    CLEAR_MEMO.with(|memo| {
-        let (slots, next) = &mut *memo.borrow_mut();
-        if let Some((_, verdict)) = slots.iter().find(|(k, _)| **k == *s) {
-            return *verdict;
-        }
-        let verdict = privacy::contains_sensitive(s);
-        let entry = (Box::from(s), verdict);
-        if slots.len() < CLEAR_MEMO_SLOTS {
-            slots.push(entry);
-        } else {
-            slots[*next] = entry;
-            *next = (*next + 1) % CLEAR_MEMO_SLOTS;
-        }
-        verdict
-    })
 }
 
 /// [`check_text`] and [`check_clear`]: the rule for every free-form metadata string.
@@ -862,7 +819,7 @@ pub(crate) mod tests {
                     "round {round}: {c}"
                 );
             }
-            for i in 0..(2 * CLEAR_MEMO_SLOTS) {
+            for i in 0..(2 * privacy::RECALL_SLOTS) {
                 assert!(validate_and_filter_event(&with_host(&format!("mcp://s{i}"))).is_ok());
             }
         }
@@ -1476,7 +1433,9 @@ pub(crate) mod tests {
             ) {
                 for i in order {
                     let t = &texts[i % texts.len()];
-                    prop_assert_eq!(sensitive_memo(t), privacy::contains_sensitive(t), "{}", t);
+                    prop_assert_eq!(
+                        privacy::contains_sensitive_recalled(t), privacy::contains_sensitive(t), "{}", t);
+                    prop_assert_eq!(privacy::is_pii_key_recalled(t), privacy::is_pii_key(t), "{}", t);
                 }
             }
         }

@@ -264,6 +264,63 @@ pub fn is_pii_key(key: &str) -> bool {
     with_normalized(key, is_pii_normalized)
 }
 
+/// [`is_pii_key`] through the thread's [`recall`]: keys repeat on every call of a tool.
+pub fn is_pii_key_recalled(key: &str) -> bool {
+    recall(Scan::PiiKey, key, is_pii_key)
+}
+
+/// [`contains_sensitive`] through the thread's [`recall`], for what repeats from call to call:
+/// argument keys, and an event's metadata (host, path, tool name, session id, protocol,
+/// client, tool hash), where a hex id or hash runs the card, IBAN and contextual detectors
+/// and a key with `_` the secret-marker automaton each time.
+pub fn contains_sensitive_recalled(text: &str) -> bool {
+    recall(Scan::Sensitive, text, contains_sensitive)
+}
+
+/// Which scan a recalled verdict is of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    Sensitive,
+    PiiKey,
+}
+
+/// Verdicts a thread keeps: enough for an event's metadata and its captured keys.
+pub const RECALL_SLOTS: usize = 32;
+/// Longer strings are scanned every time: keys and metadata are short.
+const RECALL_MAX_LEN: usize = 128;
+
+/// A thread's recent scans: the scan, the exact string, its verdict; and the next slot to
+/// replace once full (round-robin).
+type Recalled = (Vec<(Scan, Box<str>, bool)>, usize);
+
+thread_local! {
+    /// Holds at most 4 KiB of strings this thread has just scanned, and nothing else; a hit
+    /// needs the same scan and the exact same content, so it is the scan's own verdict.
+    static RECALLED: std::cell::RefCell<Recalled> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+}
+
+/// `scan(text)`, or its verdict from the last [`RECALL_SLOTS`] scans of this thread.
+fn recall(kind: Scan, text: &str, scan: fn(&str) -> bool) -> bool {
+    if text.len() > RECALL_MAX_LEN {
+        return scan(text);
+    }
+    RECALLED.with(|memo| {
+        let (slots, next) = &mut *memo.borrow_mut();
+        if let Some(&(_, _, verdict)) = slots.iter().find(|(k, t, _)| *k == kind && **t == *text) {
+            return verdict;
+        }
+        let verdict = scan(text);
+        let entry = (kind, Box::from(text), verdict);
+        if slots.len() < RECALL_SLOTS {
+            slots.push(entry);
+        } else {
+            slots[*next] = entry;
+            *next = (*next + 1) % RECALL_SLOTS;
+        }
+        verdict
+    })
+}
+
 /// Bytes at least one of which (ASCII case aside) every [`SECRET_MARKERS`] entry contains: a text
 /// without any of them holds no marker, and the automaton need not run (a test holds the list to
 /// the markers).
@@ -1115,7 +1172,11 @@ pub fn scrub_field(key: &str, value: &Value) -> Option<Value> {
 /// Would [`scrub_field`] keep this field? (It keeps a field exactly as it came, so the sensor's
 /// L3 filter decides in place, without a copy.)
 pub fn field_passes(key: &str, value: &Value) -> bool {
-    if key.is_empty() || key.len() > MAX_KEY_LEN || is_pii_key(key) || contains_sensitive(key) {
+    if key.is_empty()
+        || key.len() > MAX_KEY_LEN
+        || is_pii_key_recalled(key)
+        || contains_sensitive_recalled(key)
+    {
         return false;
     }
     if key.chars().any(char::is_control) {
@@ -1217,7 +1278,8 @@ impl CapturePolicy {
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return false;
         }
-        with_normalized(key, |n| self.allowed.iter().any(|a| a == n)) && !contains_sensitive(key)
+        with_normalized(key, |n| self.allowed.iter().any(|a| a == n))
+            && !contains_sensitive_recalled(key)
     }
 
     /// The value to capture for a top-level argument, or `None`.
@@ -1255,6 +1317,30 @@ mod tests {
     fn plain_secret_marker(text: &str) -> bool {
         let lower = text.to_ascii_lowercase();
         SECRET_MARKERS.iter().any(|m| lower.contains(m))
+    }
+
+    /// Keys repeat on every call, and the recalled verdicts must never let a guilty key through
+    /// on an innocent one's: each canary key is refused every time, between innocent keys, and
+    /// after more distinct keys than the recall holds have pushed it out.
+    #[test]
+    fn canary_keys_are_refused_every_time_despite_the_recall() {
+        let canaries = [
+            "customer_email",
+            "billingAddress",
+            "card_number",
+            "sk_live_51Hq0CanaryCanary",
+            "jane.doe@example.com",
+        ];
+        let v = json!(4900);
+        for round in 0..3 {
+            for c in canaries {
+                assert!(field_passes("amount_cents", &v));
+                assert!(!field_passes(c, &v), "round {round}: {c}");
+            }
+            for i in 0..(2 * RECALL_SLOTS) {
+                assert!(field_passes(&format!("quantity_{i}"), &v));
+            }
+        }
     }
 
     #[test]
