@@ -806,8 +806,6 @@ pub fn start_watchdog(pgid: u32, deadline: Duration) -> mpsc::Sender<()> {
     tx
 }
 
-/// Reads VmHWM and per-thread CPU time (`se.sum_exec_runtime`, ns precision, from
-/// /proc/<pid>/task/<tid>/sched; falls back to utime+stime ticks where that file is absent).
 /// User + system CPU, ms, of this process's children that were waited for, and of what they
 /// waited for in turn. Read around one `wait`, the difference is that child's whole CPU time,
 /// its server included: sessions run one at a time in a phase process, and nothing else of its
@@ -820,6 +818,8 @@ pub fn children_cpu_ms() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// Reads VmHWM and per-thread CPU time (`se.sum_exec_runtime`, ns precision, from
+/// /proc/<pid>/task/<tid>/sched; falls back to utime+stime ticks where that file is absent).
 pub fn proc_snapshot(pid: u32) -> ProcSnap {
     let mut snap = ProcSnap::default();
     if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {

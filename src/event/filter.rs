@@ -795,11 +795,11 @@ pub(crate) mod tests {
         }
     }
 
-    /// A session's metadata repeats, and the L4 memo must not let a canary through on a clean
-    /// string's verdict: each canary host is rejected every time, between clean events, and
-    /// after more distinct strings than the memo holds have pushed it out.
+    /// A session's metadata repeats, and the recalled L4 verdicts must not let a canary through
+    /// on a clean string's: each canary host is rejected every time, between clean events, and
+    /// after more distinct strings than the recall holds have pushed it out.
     #[test]
-    fn canary_metadata_is_rejected_every_time_despite_the_memo() {
+    fn canary_metadata_is_rejected_every_time_despite_the_recall() {
         let canaries = [
             "mcp://jane.doe@example.com",
             "mcp://4111-1111-1111-1111",
@@ -1423,10 +1423,10 @@ pub(crate) mod tests {
                 let _ = validate_and_filter_event(&e);
             }
 
-            /// The memo only ever answers what the scan answers, through repeats, evictions
-            /// and strings on both sides of its length bound.
+            /// The recall only ever answers what the scan answers, through repeats, evictions,
+            /// both scans of one string and strings on both sides of its length bound.
             #[test]
-            fn memoised_verdicts_are_the_scanners(
+            fn recalled_verdicts_are_the_scanners(
                 texts in proptest::collection::vec(
                     prop_oneof![any_text(), "[0-9a-f]{16,64}", "x{120,136}"], 1..40),
                 order in proptest::collection::vec(0usize..1000, 1..120),

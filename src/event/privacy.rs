@@ -11,6 +11,10 @@
 //! removed, so `customer_email`, `customerEmail` and `Customer-E-Mail` are the same key.
 //! The denylist is matched as a substring of the normalised key and overrides everything,
 //! including `--capture`; it is compiled in and cannot be changed at run time.
+//!
+//! A thread recalls the verdicts of its last few scans of short strings (keys and metadata
+//! repeat on every call of a session): a recalled verdict is the scan's own for the exact same
+//! string, never a guess from a similar one.
 
 use std::sync::OnceLock;
 
