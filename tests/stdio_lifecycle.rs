@@ -14,6 +14,27 @@ fn signal(pid: u32, sig: Signal) {
     kill(Pid::from_raw(pid as i32), sig).expect("signal the wrapper");
 }
 
+/// `cmd` with SIGHUP, SIGINT and SIGTERM at their default actions. Run under `nohup` or as a
+/// background job of a non-interactive shell, the tests inherit SIGHUP and SIGINT ignored, which
+/// the wrapper rightly keeps ignored for itself and its server
+/// (`ignored_sighup_stays_ignored_for_wrapper_and_server`); a test of forwarding needs them
+/// caught, or it would wait forever for a signal nobody handles.
+fn with_default_signals(mut cmd: std::process::Command) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec, where only async-signal-safe calls are
+    // allowed: signal(2) is one, takes no pointer, and touches nothing shared with the parent's
+    // other threads.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 #[test]
 fn child_exit_code_is_propagated() {
     for code in [0, 3, 77] {
@@ -78,7 +99,7 @@ fn signals_to_the_wrapper_are_forwarded_to_the_child() {
         (Signal::SIGINT, 2),
         (Signal::SIGHUP, 1),
     ] {
-        let mut child = wrap_fixture(&[], &["trap", &num.to_string(), "42"])
+        let mut child = with_default_signals(wrap_fixture(&[], &["trap", &num.to_string(), "42"]))
             .spawn()
             .expect("spawn");
         let err = drain_stderr(child.stderr.take().expect("stderr"));
