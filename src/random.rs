@@ -9,6 +9,8 @@
 //! ([`crate::event::new_event_id`]) rather than one under a clock-derived id, which another
 //! event could share (the ingest stores an id once) and anyone could predict. The one
 //! exception is [`spread_seed`], a jitter seed that only has to differ between processes.
+//! Ids made per call (event, span and trace ids) come from a per-thread pool of OS bytes,
+//! refilled with one call per 4 KiB ([`pooled`]); keys and secrets are drawn alone.
 
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
@@ -28,6 +30,37 @@ pub fn bytes<const N: usize>() -> Result<[u8; N], Unavailable> {
     let mut b = [0u8; N];
     fill(&mut b)?;
     Ok(b)
+}
+
+/// Random bytes fetched from the OS at a time for ids drawn per call (event ids, span and trace
+/// ids): one `getrandom` per 4 KiB instead of one per id, where the system call was the single
+/// largest kernel cost of observing a call.
+pub(crate) const POOL_BYTES: usize = 4096;
+
+thread_local! {
+    /// OS random bytes not yet handed out, and how many are used.
+    static POOL: std::cell::RefCell<(Box<[u8; POOL_BYTES]>, usize)> =
+        std::cell::RefCell::new((Box::new([0u8; POOL_BYTES]), POOL_BYTES));
+}
+
+/// `N` bytes from the OS generator, through this thread's pool: each byte is handed out once,
+/// and the pool is refilled whole from the OS when it runs short, so an id is as random as one
+/// drawn alone. For ids only (`N` ≤ 64); keys and secrets draw with [`bytes`].
+pub fn pooled<const N: usize>() -> Result<[u8; N], Unavailable> {
+    const { assert!(N <= 64) };
+    let mut b = [0u8; N];
+    POOL.with(|pool| {
+        let (bytes, used) = &mut *pool.borrow_mut();
+        if *used + N > POOL_BYTES {
+            fill(&mut bytes[..])?;
+            *used = 0;
+        }
+        b.copy_from_slice(&bytes[*used..*used + N]);
+        // Handed-out bytes are not kept: the pool holds only what no id has had.
+        bytes[*used..*used + N].fill(0);
+        *used += N;
+        Ok(b)
+    })
 }
 
 /// Bytes in an HMAC-SHA256 key: the digest's output length, what `hmac::Key::generate` draws.
@@ -66,6 +99,18 @@ mod tests {
     fn draws_differ() {
         assert_ne!(bytes::<16>(), bytes::<16>());
         assert_ne!(spread_seed(), spread_seed());
+    }
+
+    /// Pooled draws never repeat a byte run, across a refill too, and each is as long as asked.
+    #[test]
+    fn pooled_draws_differ_across_refills() {
+        let draws: Vec<[u8; 16]> = (0..(2 * POOL_BYTES / 16 + 3))
+            .map(|_| pooled::<16>().expect("randomness"))
+            .collect();
+        let distinct: std::collections::HashSet<_> = draws.iter().collect();
+        assert_eq!(distinct.len(), draws.len());
+        assert!(draws.iter().all(|d| d != &[0u8; 16]));
+        assert_ne!(pooled::<8>(), pooled::<8>());
     }
 
     #[test]

@@ -419,18 +419,8 @@ impl EventSink for Vec<Event> {
     }
 }
 
-/// Random bytes fetched from the OS at a time for event ids: one `getrandom` per 256 ids
-/// instead of one per id (the syscall was the single largest kernel cost of observing a call).
-const ID_POOL_BYTES: usize = 4096;
-
-thread_local! {
-    /// OS random bytes not yet used for an id, and how many are used.
-    static ID_POOL: std::cell::RefCell<(Box<[u8; ID_POOL_BYTES]>, usize)> =
-        std::cell::RefCell::new((Box::new([0u8; ID_POOL_BYTES]), ID_POOL_BYTES));
-}
-
-/// A fresh 128-bit random event id, lower-case hex, from `crate::random` (fetched in blocks,
-/// each byte used once).
+/// A fresh 128-bit random event id, lower-case hex, from `crate::random::pooled` (fetched in
+/// blocks, each byte used once).
 ///
 /// Empty when the OS generator fails, and never made up from anything else: the ingest stores
 /// an id once, so an id two events could share loses one of them, and a predictable one could
@@ -438,28 +428,17 @@ thread_local! {
 /// the event and counts it, and it is never sent. Failing open, never panicking: the relay
 /// carries on, with one warning that events are not sent.
 pub fn new_event_id() -> String {
-    let mut b = [0u8; 16];
-    let pooled = ID_POOL.with(|pool| {
-        let mut pool = pool.borrow_mut();
-        let (bytes, used) = &mut *pool;
-        if *used + b.len() > ID_POOL_BYTES {
-            if crate::random::fill(&mut bytes[..]).is_err() {
-                return false;
+    match crate::random::pooled::<16>() {
+        Ok(b) => hex_lower(&b),
+        Err(_) => {
+            static WARNED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!("No randomness for event ids; events are not sent");
             }
-            *used = 0;
+            String::new()
         }
-        b.copy_from_slice(&bytes[*used..*used + 16]);
-        *used += 16;
-        true
-    });
-    if !pooled {
-        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            tracing::warn!("No randomness for event ids; events are not sent");
-        }
-        return String::new();
     }
-    hex_lower(&b)
 }
 
 /// Lower-case hex in one allocation (one `format!` per byte cost 16 per event). The crate's one
@@ -636,7 +615,7 @@ mod tests {
 
     #[test]
     fn pooled_ids_stay_unique_across_refills() {
-        let n = 3 * ID_POOL_BYTES / 16 + 7;
+        let n = 3 * crate::random::POOL_BYTES / 16 + 7;
         let ids: std::collections::HashSet<String> = (0..n).map(|_| new_event_id()).collect();
         assert_eq!(ids.len(), n);
     }

@@ -202,7 +202,7 @@ impl Exporter {
                     return;
                 }
                 let (Ok(trace), Ok(span_id)) =
-                    (crate::random::bytes::<16>(), crate::random::bytes::<8>())
+                    (crate::random::pooled::<16>(), crate::random::pooled::<8>())
                 else {
                     self.shared.spans_dropped.fetch_add(1, Relaxed);
                     return;
