@@ -200,6 +200,13 @@ impl Batcher {
     /// Filters one event (L3) into the current batch; a rejected event is counted, never sent.
     /// Called only when the batch is not full.
     fn push(&mut self, ev: Event) {
+        if self.sink.is_none() {
+            // Reporting is off (OTLP alone, or no token): nothing will read a batch, so the event
+            // is only counted. Filtering and serialising it for nothing was a fifth of the
+            // observer's CPU per call with OTLP on and no ingest.
+            self.stats.unsent += 1;
+            return;
+        }
         // The typed form of `validate_and_filter_event` (proven equal to it over generated
         // events), without building a `Value` of the event first.
         match filter_event(ev) {
@@ -652,6 +659,30 @@ mod tests {
             stats: ReportStats::default(),
             log: FailureLog::default(),
         }
+    }
+
+    /// With reporting off the batcher counts events and builds nothing: no batch bytes, no
+    /// filter verdict, each event once as unsent, whether the filter would pass it or not.
+    #[tokio::test]
+    async fn with_reporting_off_events_are_counted_not_built() {
+        let (tx, rx) = mpsc::channel(16);
+        for _ in 0..5 {
+            tx.try_send(wide_event()).expect("room");
+        }
+        let mut bad = wide_event();
+        bad.id = String::new();
+        tx.try_send(bad).expect("room");
+        drop(tx);
+        let (_deadline_tx, deadline) = watch::channel(None);
+        let mut b = batcher(None, rx, deadline);
+        while let Ok(ev) = b.rx.try_recv() {
+            b.push(ev);
+            assert!(b.buf.is_empty(), "nothing serialised");
+        }
+        let stats = b.run().await;
+        assert_eq!(stats.unsent, 6);
+        assert_eq!(stats.filtered, 0);
+        assert_eq!(stats.delivered, 0);
     }
 
     #[tokio::test]
