@@ -198,7 +198,8 @@ impl Batcher {
     }
 
     /// Filters one event (L3) into the current batch; a rejected event is counted, never sent.
-    /// Called only when the batch is not full.
+    /// With reporting off it only counts the event as unsent. Called only when the batch is not
+    /// full.
     fn push(&mut self, ev: Event) {
         if self.sink.is_none() {
             // Reporting is off (OTLP alone, or no token): nothing will read a batch, so the event
