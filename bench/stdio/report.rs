@@ -142,29 +142,52 @@ fn added(wrap: Option<f64>, relay: Option<f64>, direct: Option<f64>) -> Option<f
     (r - d > 0.0).then(|| (w - d) / (r - d))
 }
 
-/// The median over runs of a per-run figure that needs other targets' records of the same run
-/// (`metric` gets the run's wrapper, relay and direct records). Targets are interleaved run by
-/// run, so a run's records share the machine's state of the moment: on a shared VM whose speed
-/// drifts between runs (the relay's 5 MB bandwidth spanned 888 to 1,861 MB/s within one set),
-/// pairing cancels the drift that a ratio of medians keeps.
-fn paired(
-    records: &[Record],
-    phase: &str,
-    target: &str,
-    metric: impl Fn(&Record, &Record, Option<&Record>) -> Option<f64>,
-) -> Option<f64> {
+/// The four ratio columns: added p50, added p99, pipelined, bandwidth, from a wrapper's
+/// figures against the relay's and direct's (latencies, calls/s, MB/s).
+type Figures = (Option<f64>, Option<f64>, Option<f64>, Option<f64>);
+
+fn ratios(w: Figures, r: Figures, d: Figures) -> [Option<f64>; 4] {
+    [
+        added(w.0, r.0, d.0),
+        added(w.1, r.1, d.1),
+        ratio(w.2, r.2),
+        ratio(w.3, r.3),
+    ]
+}
+
+fn run_figures(r: &Record) -> Figures {
+    (
+        r.seq_p50_us,
+        r.seq_p99_us,
+        r.pipe_calls_per_s,
+        r.bw_mb_per_s,
+    )
+}
+
+fn agg_figures(a: Option<&Agg>) -> Figures {
+    a.map_or((None, None, None, None), |a| (a.p50, a.p99, a.pipe, a.bw))
+}
+
+/// [`ratios`] within each run, then the median over runs of each column. Targets are
+/// interleaved run by run, so a run's records share the machine's state of the moment: on a
+/// shared VM whose speed drifts between runs (the relay's 5 MB bandwidth spanned 888 to 1,861
+/// MB/s within one set), pairing cancels the drift that a ratio of medians keeps.
+fn paired_ratios(records: &[Record], phase: &str, target: &str) -> [Option<f64>; 4] {
     let of = |name: &str, run: u32| {
         records
             .iter()
             .find(|r| r.phase == phase && r.target == name && r.run == run)
     };
-    median(
-        records
-            .iter()
-            .filter(|w| w.phase == phase && w.target == target)
-            .filter_map(|w| metric(w, of("relay", w.run)?, of("direct", w.run)))
-            .collect(),
-    )
+    let per_run: Vec<[Option<f64>; 4]> = records
+        .iter()
+        .filter(|w| w.phase == phase && w.target == target)
+        .filter_map(|w| {
+            let r = of("relay", w.run)?;
+            let d = of("direct", w.run).map_or((None, None, None, None), run_figures);
+            Some(ratios(run_figures(w), run_figures(r), d))
+        })
+        .collect();
+    std::array::from_fn(|i| median(per_run.iter().filter_map(|x| x[i]).collect()))
 }
 
 fn cell(v: Option<f64>, decimals: usize, ok: impl Fn(f64) -> bool) -> String {
@@ -281,6 +304,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
                 .frame
                 .map(|fr| 2.0 * fr / MIB / MIB + RSS_BIG_BASE_MIB)
                 .unwrap_or(f64::NAN);
+            let paired = paired_ratios(records, phase, t.name());
             let close_limit = if t.name() == "wrap:blackhole" {
                 SHUTDOWN_FLUSH_MS + CLOSE_MAX_MS
             } else {
@@ -290,40 +314,10 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
                 o,
                 "{:<20} {:>14} {:>14} {:>14} {:>14} {:>12} {:>14} {:>14}",
                 t.name(),
-                cell(
-                    paired(records, phase, t.name(), |w, r, d| added(
-                        w.seq_p50_us,
-                        r.seq_p50_us,
-                        d?.seq_p50_us
-                    )),
-                    2,
-                    |x| x <= ADDED_P50_MAX
-                ),
-                cell(
-                    paired(records, phase, t.name(), |w, r, d| added(
-                        w.seq_p99_us,
-                        r.seq_p99_us,
-                        d?.seq_p99_us
-                    )),
-                    2,
-                    |x| x <= ADDED_P99_MAX
-                ),
-                cell(
-                    paired(records, phase, t.name(), |w, r, _| ratio(
-                        w.pipe_calls_per_s,
-                        r.pipe_calls_per_s
-                    )),
-                    3,
-                    |x| x >= PIPELINED_MIN
-                ),
-                cell(
-                    paired(records, phase, t.name(), |w, r, _| ratio(
-                        w.bw_mb_per_s,
-                        r.bw_mb_per_s
-                    )),
-                    3,
-                    |x| x >= BANDWIDTH_MIN
-                ),
+                cell(paired[0], 2, |x| x <= ADDED_P50_MAX),
+                cell(paired[1], 2, |x| x <= ADDED_P99_MAX),
+                cell(paired[2], 3, |x| x >= PIPELINED_MIN),
+                cell(paired[3], 3, |x| x >= BANDWIDTH_MIN),
                 cell(a.rss_small.map(|k| k / MIB), 1, |x| x <= RSS_SMALL_MAX_MIB),
                 cell(a.rss_big.map(|k| k / MIB), 1, |x| x <= big_limit),
                 cell(a.close, 2, |x| x <= close_limit),
@@ -343,16 +337,19 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
             .iter()
             .filter(|(t, _)| matches!(t, Target::Wrap(_)))
         {
-            let d = |g: fn(&Agg) -> Option<f64>| direct.and_then(g);
-            let r = |g: fn(&Agg) -> Option<f64>| relay.and_then(g);
+            let [p50, p99, pipe, bw] = ratios(
+                agg_figures(Some(a)),
+                agg_figures(relay),
+                agg_figures(direct),
+            );
             let _ = writeln!(
                 o,
                 "{:<20} {:>14} {:>14} {:>14} {:>14}",
                 t.name(),
-                f(added(a.p50, r(|a| a.p50), d(|a| a.p50)), 2),
-                f(added(a.p99, r(|a| a.p99), d(|a| a.p99)), 2),
-                f(ratio(a.pipe, r(|a| a.pipe)), 3),
-                f(ratio(a.bw, r(|a| a.bw)), 3),
+                f(p50, 2),
+                f(p99, 2),
+                f(pipe, 3),
+                f(bw, 3),
             );
         }
 
