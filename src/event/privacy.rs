@@ -269,7 +269,7 @@ pub fn is_pii_key(key: &str) -> bool {
 }
 
 /// [`is_pii_key`] through the thread's [`recall`]: keys repeat on every call of a tool.
-pub fn is_pii_key_recalled(key: &str) -> bool {
+pub(crate) fn is_pii_key_recalled(key: &str) -> bool {
     recall(Scan::PiiKey, key, is_pii_key)
 }
 
@@ -277,7 +277,7 @@ pub fn is_pii_key_recalled(key: &str) -> bool {
 /// argument keys, and an event's metadata (host, path, tool name, session id, protocol,
 /// client, tool hash), where a hex id or hash runs the card, IBAN and contextual detectors
 /// and a key with `_` the secret-marker automaton each time.
-pub fn contains_sensitive_recalled(text: &str) -> bool {
+pub(crate) fn contains_sensitive_recalled(text: &str) -> bool {
     recall(Scan::Sensitive, text, contains_sensitive)
 }
 
@@ -289,7 +289,7 @@ enum Scan {
 }
 
 /// Verdicts a thread keeps: enough for an event's metadata and its captured keys.
-pub const RECALL_SLOTS: usize = 32;
+pub(crate) const RECALL_SLOTS: usize = 32;
 /// Longer strings are scanned every time: keys and metadata are short.
 const RECALL_MAX_LEN: usize = 128;
 

@@ -328,12 +328,12 @@ impl Batcher {
         if self.buf.is_empty() && self.pending_health == Default::default() {
             return;
         }
-        let n = self.buf.len() as u64;
+        // Reporting off: `push` counted every event as unsent and built no batch, and health
+        // counts have nowhere to go.
         if self.sink.is_none() {
-            self.buf.clear();
-            self.stats.unsent += n;
             return;
         }
+        let n = self.buf.len() as u64;
         if self.stats.revoked {
             self.buf.clear();
             self.lose(n, None);
