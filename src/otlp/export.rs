@@ -16,14 +16,12 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::metrics::v1::{ResourceMetrics, ScopeMetrics};
-use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use tokio::sync::{mpsc, watch};
 
 use super::config::{OtlpConfig, Protocol};
 use super::metrics::{self, CounterSource, Histograms, SensorCounts};
-use super::span::{self, Network};
+use super::span::{self, Network, SpanBatch};
 use super::Item;
 use crate::report::retry::{self, DeliveryError};
 use crate::report::Tuning;
@@ -62,7 +60,7 @@ pub(crate) struct Exporter {
 }
 
 struct State {
-    spans: Vec<Span>,
+    spans: SpanBatch,
     /// Resource of the spans in `spans`: (service name, service version).
     resource: Option<(String, Option<String>)>,
     /// The latest resource seen (for metrics).
@@ -81,7 +79,7 @@ impl Exporter {
     pub(crate) async fn run(mut self) {
         let now = span::unix_nanos(SystemTime::now());
         let mut st = State {
-            spans: Vec::new(),
+            spans: SpanBatch::new(self.cfg.protocol),
             resource: None,
             current: (
                 self.cfg
@@ -164,30 +162,41 @@ impl Exporter {
                     self.shared.filtered.fetch_add(1, Relaxed);
                     return;
                 };
-                let service =
-                    self.cfg
-                        .service_name
-                        .clone()
-                        .unwrap_or_else(|| match &facts.server_name {
-                            Some(n) => format!("mcp:{n}"),
-                            None => span::default_service_name(&ev.dest.host),
-                        });
-                let version = facts.server_version.as_ref().map(|v| v.to_string());
-                st.current = (service, version);
+                let (prefix, rest) = span::service_name(
+                    self.cfg.service_name.as_deref(),
+                    facts.server_name.as_deref(),
+                    &ev.dest.host,
+                );
+                let version = facts.server_version.as_deref();
+                let (service, current_version) = &st.current;
+                // Most calls name the resource of the last one: compared, not rebuilt.
+                let same = service.len() == prefix.len() + rest.len()
+                    && service.starts_with(prefix)
+                    && service.ends_with(rest)
+                    && current_version.as_deref() == version;
+                if !same {
+                    st.current = (format!("{prefix}{rest}"), version.map(str::to_string));
+                }
                 if self.cfg.metrics.is_some() {
-                    let mut attrs = vec![
-                        ("mcp.method.name", span::METHOD_TOOLS_CALL.to_string()),
+                    let error = span::error_type(&ev);
+                    let mut attrs = [
+                        ("mcp.method.name", span::METHOD_TOOLS_CALL),
                         (
                             "gen_ai.tool.name",
-                            metrics::tool_attribute(&ev.rec.action, facts.listed).to_string(),
+                            metrics::tool_attribute(&ev.rec.action, facts.listed),
                         ),
-                        ("network.transport", self.net.transport.to_string()),
+                        ("network.transport", self.net.transport),
+                        ("", ""),
+                        ("", ""),
                     ];
-                    if let Some(e) = span::error_type(&ev) {
-                        attrs.push(("error.type", e));
+                    let mut n = 3;
+                    if let Some(e) = &error {
+                        attrs[n] = ("error.type", e);
+                        n += 1;
                     }
                     if let Some(p) = ev.session.as_ref().and_then(|s| s.protocol.as_ref()) {
-                        attrs.push(("mcp.protocol.version", p.to_string()));
+                        attrs[n] = ("mcp.protocol.version", p);
+                        n += 1;
                     }
                     let secs = facts
                         .end
@@ -195,7 +204,7 @@ impl Exporter {
                         .unwrap_or_default()
                         .as_secs_f64();
                     st.ops
-                        .record(attrs, secs, span::unix_nanos(SystemTime::now()));
+                        .record(&mut attrs[..n], secs, span::unix_nanos(SystemTime::now()));
                 }
                 if self.cfg.traces.is_none() {
                     self.shared.untraced.fetch_add(1, Relaxed);
@@ -209,23 +218,24 @@ impl Exporter {
                 };
                 // A batch carries one resource, the latest: the server's name and version are
                 // learned at `initialize`, before the calls.
-                st.resource = Some(st.current.clone());
-                st.spans
-                    .push(span::span(&ev, &facts, &self.net, (trace, span_id)));
+                if st.resource.as_ref() != Some(&st.current) {
+                    st.resource = Some(st.current.clone());
+                }
+                st.spans.push(&ev, &facts, &self.net, (trace, span_id));
             }
             Item::Session(s) => {
                 if self.cfg.metrics.is_none() {
                     return;
                 }
-                let mut attrs = vec![("network.transport", self.net.transport.to_string())];
+                let mut attrs = vec![("network.transport", self.net.transport)];
                 if let Some(p) = &s.protocol {
-                    attrs.push(("mcp.protocol.version", p.to_string()));
+                    attrs.push(("mcp.protocol.version", p));
                 }
                 if let Some(p) = self.net.protocol_name {
-                    attrs.push(("network.protocol.name", p.to_string()));
+                    attrs.push(("network.protocol.name", p));
                 }
                 if s.transport_failed {
-                    attrs.push(("error.type", "transport".to_string()));
+                    attrs.push(("error.type", "transport"));
                 }
                 let secs = s
                     .end
@@ -233,36 +243,24 @@ impl Exporter {
                     .unwrap_or_default()
                     .as_secs_f64();
                 st.sessions
-                    .record(attrs, secs, span::unix_nanos(SystemTime::now()));
+                    .record(&mut attrs, secs, span::unix_nanos(SystemTime::now()));
             }
         }
     }
 
     async fn send_spans(&self, st: &mut State) {
-        let spans = std::mem::take(&mut st.spans);
+        let n = st.spans.len() as u64;
         let (service, version) = st.resource.take().unwrap_or_else(|| st.current.clone());
         let Some(url) = self.cfg.traces.clone() else {
             return;
         };
-        let n = spans.len() as u64;
-        let req = ExportTraceServiceRequest {
-            resource_spans: vec![ResourceSpans {
-                resource: Some(span::resource(
-                    &service,
-                    version.as_deref(),
-                    &self.cfg.resource,
-                )),
-                scope_spans: vec![ScopeSpans {
-                    scope: Some(span::scope()),
-                    spans,
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-        };
-        let ok = match self.encode(&req) {
-            Some(b) => self.deliver(st, &url, b, "spans").await,
-            None => false,
+        let body = st.spans.take(
+            span::resource(&service, version.as_deref(), &self.cfg.resource),
+            span::scope(),
+        );
+        let ok = match body {
+            Ok(b) => self.deliver(st, &url, Bytes::from(b), "spans").await,
+            Err(_) => false,
         };
         if ok {
             self.shared.spans_sent.fetch_add(n, Relaxed);

@@ -41,6 +41,16 @@ pub fn tool_attribute(name: &str, listed: bool) -> &str {
 
 type Attrs = Vec<(&'static str, String)>;
 
+/// An attribute set (sorted) as one unambiguous byte string: each key and value preceded by
+/// its length, so no two sets share a key whatever their values hold.
+fn series_key(attrs: &[(&str, &str)], out: &mut Vec<u8>) {
+    out.clear();
+    for part in attrs.iter().flat_map(|(k, v)| [k, v]) {
+        out.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        out.extend_from_slice(part.as_bytes());
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Series {
     counts: [u64; BUCKETS.len() + 1],
@@ -82,8 +92,11 @@ impl Series {
 pub struct Histograms {
     name: &'static str,
     description: &'static str,
-    series: HashMap<Attrs, Series>,
+    /// By [`series_key`] of the attribute set: a call's set is looked up without allocating.
+    series: HashMap<Vec<u8>, (Attrs, Series)>,
     overflow: Option<Series>,
+    /// The key being looked up (kept for its capacity).
+    key: Vec<u8>,
     /// Something was recorded since the last export.
     dirty: bool,
 }
@@ -95,25 +108,28 @@ impl Histograms {
             description,
             series: HashMap::new(),
             overflow: None,
+            key: Vec::new(),
             dirty: false,
         }
     }
 
-    pub fn record(&mut self, mut attrs: Attrs, seconds: f64, now: u64) {
-        attrs.sort();
+    /// Records one duration under an attribute set (sorted here, so any order names the same
+    /// series). Allocates only for a set not seen before.
+    pub fn record(&mut self, attrs: &mut [(&'static str, &str)], seconds: f64, now: u64) {
+        attrs.sort_unstable();
+        series_key(attrs, &mut self.key);
         self.dirty = true;
-        let full = self.series.len() >= MAX_SERIES;
-        match self.series.get_mut(&attrs) {
-            Some(s) => s.record(seconds),
-            None if !full => {
-                let mut s = Series::new(now);
-                s.record(seconds);
-                self.series.insert(attrs, s);
-            }
-            None => self
-                .overflow
+        if let Some((_, s)) = self.series.get_mut(self.key.as_slice()) {
+            s.record(seconds);
+        } else if self.series.len() < MAX_SERIES {
+            let mut s = Series::new(now);
+            s.record(seconds);
+            let owned = attrs.iter().map(|(k, v)| (*k, v.to_string())).collect();
+            self.series.insert(self.key.clone(), (owned, s));
+        } else {
+            self.overflow
                 .get_or_insert_with(|| Series::new(now))
-                .record(seconds),
+                .record(seconds);
         }
     }
 
@@ -148,7 +164,7 @@ impl Histograms {
         };
         let mut points: Vec<HistogramDataPoint> = self
             .series
-            .iter()
+            .values()
             .filter(|(_, s)| s.count > 0 || temporality == Temporality::Cumulative)
             .map(|(a, s)| point(a.iter().map(|(k, v)| kv_str(k, v)).collect(), s))
             .collect();
@@ -178,7 +194,7 @@ impl Histograms {
     pub fn delivered(&mut self, now: u64, temporality: Temporality) {
         self.dirty = false;
         if temporality == Temporality::Delta {
-            for s in self.series.values_mut() {
+            for (_, s) in self.series.values_mut() {
                 *s = Series::new(now);
             }
             if let Some(o) = &mut self.overflow {
@@ -280,7 +296,7 @@ mod tests {
     fn series_are_capped_and_the_rest_overflows() {
         let mut h = Histograms::new("m", "d");
         for i in 0..MAX_SERIES + 500 {
-            h.record(vec![("k", format!("v{i}"))], 0.5, 1);
+            h.record(&mut [("k", &format!("v{i}"))], 0.5, 1);
         }
         assert_eq!(h.series_count(), MAX_SERIES + 1);
         let m = h.export(2, Temporality::Cumulative).expect("metric");
@@ -300,7 +316,7 @@ mod tests {
     fn values_land_in_inclusive_buckets_and_delta_resets() {
         let mut h = Histograms::new("m", "d");
         for v in [0.005, 0.01, 0.011, 400.0] {
-            h.record(vec![], v, 1);
+            h.record(&mut [], v, 1);
         }
         let m = h.export(2, Temporality::Delta).expect("metric");
         let Some(metric::Data::Histogram(hist)) = m.data else {
