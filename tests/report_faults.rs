@@ -154,6 +154,7 @@ async fn refused_connections_drop_the_batch_after_one_retry_and_report_it_later(
     drop(reserved);
     let base = format!("http://{addr}");
     let (mut q, h) = report::start_with(cfg(IngestTarget::Http(base), 50, 10_000), quick());
+    assert!(q.reads_events(), "a reporter with a sink reads every event");
     emit_n(&mut q, 3);
     assert!(
         wait_until(PATIENCE, || h.snapshot().failed_batches == 1).await,
@@ -382,10 +383,19 @@ async fn no_token_or_bad_token_opens_no_socket() {
             ingest_ca: Vec::new(),
             pacer: None,
         });
+        // A sink beside it (OTLP) takes the events itself and has them counted here.
+        assert!(!q.reads_events(), "reporting off reads no event");
         emit_n(&mut q, 600);
+        for _ in 0..40 {
+            q.count_unread();
+        }
+        let watch = h.watch();
+        assert_eq!(watch.outstanding(), 0, "nothing is left to account for");
+        assert_eq!(watch.snapshot().unsent, 640);
         let stats = h.shutdown().await;
-        assert_eq!(stats.unsent, 600, "drained and discarded");
+        assert_eq!(stats.unsent, 640, "counted, never sent");
         assert_eq!(stats.delivered, 0);
+        assert_eq!(stats.dropped, 0, "an unsent event is not a lost one");
     }
     assert_eq!(ingest.connections(), 0, "no socket was ever opened");
 }

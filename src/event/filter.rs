@@ -1348,7 +1348,7 @@ pub(crate) mod tests {
                         rec: Rec {
                             rail: rail.into(),
                             action,
-                            registry_version: reg,
+                            registry_version: reg.map(crate::event::SharedStr::from),
                             fields,
                             tool_def: tool_def.map(Into::into),
                             listed,

@@ -151,7 +151,7 @@ pub struct Rec {
     pub action: String,
     /// Short hash of the `tools/list` catalog the call was made against; null until one was seen.
     #[serde(rename = "registryVersion")]
-    pub registry_version: Option<String>,
+    pub registry_version: Option<SharedStr>,
     /// Captured argument values: allow-listed keys, scalars only, after L2 and L4.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fields: Option<Map<String, Value>>,
@@ -406,6 +406,16 @@ pub trait EventSink: Send {
         let _ = facts;
         self.emit(event);
     }
+
+    /// Whether [`EventSink::emit`] reads the event. `false` for a reporter with reporting off,
+    /// which only counts it: a sink beside it (OTLP) then takes the event itself, not a copy,
+    /// and tells this one with [`EventSink::count_unread`].
+    fn reads_events(&self) -> bool {
+        true
+    }
+
+    /// Counts one event given to another sink instead (see [`EventSink::reads_events`]).
+    fn count_unread(&mut self) {}
 
     /// An MCP session ended (only for a sink that [`EventSink::wants_call_facts`]).
     fn session_ended(&mut self, facts: call::SessionFacts) {

@@ -233,8 +233,15 @@ impl<S: EventSink> Observer<S> {
         }
     }
 
+    /// The server's name was learned: `dest.host` and the facts' name follow it.
     pub(super) fn refresh_host(&mut self) {
         self.host = dest_host(&self.cfg, self.server_name.as_deref());
+        self.named = self
+            .cfg
+            .server_name
+            .as_deref()
+            .or(self.server_name.as_deref())
+            .map(SharedStr::from);
     }
 
     pub(super) fn finish_action(&mut self, aid: u64, outcome: Outcome, end: Instant) {
@@ -290,7 +297,7 @@ impl<S: EventSink> Observer<S> {
             rec: Rec {
                 rail: "mcp".into(),
                 action: a.tool,
-                registry_version: a.registry_version.map(|v| v.to_string()),
+                registry_version: a.registry_version,
                 fields: a.fields.map(|f| f.into_vec().into_iter().collect()),
                 tool_def: a.facts.tool_def,
                 listed: a.facts.listed,
@@ -317,20 +324,15 @@ impl<S: EventSink> Observer<S> {
         self.stats.events += 1;
         if self.sink.wants_call_facts() {
             let start = a.started_wall;
-            let extra = a.extra.map(|e| *e);
+            let (request_id, trace) = a.extra.map_or((None, None), |e| (e.request_id, e.trace));
             let facts = CallFacts {
                 start,
                 end: start.checked_add(dur).unwrap_or(start),
-                request_id: extra.as_ref().and_then(|e| e.request_id.clone()),
-                trace: extra.and_then(|e| e.trace),
+                request_id,
+                trace,
                 listed: self.catalog.listed(&event.rec.action),
                 server_version: self.server_version.clone(),
-                server_name: self
-                    .cfg
-                    .server_name
-                    .as_deref()
-                    .or(self.server_name.as_deref())
-                    .map(SharedStr::from),
+                server_name: self.named.clone(),
             };
             self.sink.emit_call(event, facts);
         } else {
@@ -354,7 +356,7 @@ impl<S: EventSink> Observer<S> {
             rec: Rec {
                 rail: "mcp".into(),
                 action: tool,
-                registry_version: self.registry_version.as_ref().map(|v| v.to_string()),
+                registry_version: self.registry_version.clone(),
                 fields: None,
                 tool_def: d.tool_def,
                 listed: None,

@@ -91,6 +91,9 @@ pub struct Observer<S: EventSink> {
     pub(super) catalog: Catalog,
     /// `serverInfo.name` seen in an `initialize` or `server/discover` result.
     pub(super) server_name: Option<String>,
+    /// `--name`, else [`Observer::server_name`]: what each call's facts name the server by,
+    /// built when the name is learned instead of per call.
+    pub(super) named: Option<SharedStr>,
     /// The catalog's version, as a call started now carries it: shared by every open call, not
     /// copied into each.
     pub(super) registry_version: Option<SharedStr>,
@@ -138,6 +141,7 @@ impl<S: EventSink> Observer<S> {
             .and_then(|n| clean(n, MAX_INFO_LEN));
         let actor = SharedStr::from(&cfg.actor);
         let host = dest_host(&cfg, None);
+        let named = cfg.server_name.as_deref().map(SharedStr::from);
         Observer {
             cfg,
             sink,
@@ -145,6 +149,7 @@ impl<S: EventSink> Observer<S> {
             policy,
             catalog: Catalog::default(),
             server_name: None,
+            named,
             registry_version: None,
             host,
             actor,

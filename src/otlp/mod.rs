@@ -100,6 +100,10 @@ impl<S: EventSink> EventSink for WithOtlp<S> {
 
     fn emit_call(&mut self, event: Event, facts: CallFacts) {
         match &self.otlp {
+            Some(q) if !self.inner.reads_events() => {
+                q.offer(Item::Call(Box::new((event, facts))));
+                self.inner.count_unread();
+            }
             Some(q) => {
                 q.offer(Item::Call(Box::new((event.clone(), facts))));
                 self.inner.emit(event);

@@ -533,7 +533,7 @@ mod tests {
             rec: Rec {
                 rail: "mcp".into(),
                 action: text(MAX_TEXT_LEN),
-                registry_version: Some("a".repeat(64)),
+                registry_version: Some("a".repeat(64).into()),
                 fields: Some(fields),
                 tool_def: Some("b".repeat(64).into()),
                 listed: Some(false),

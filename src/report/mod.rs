@@ -94,11 +94,17 @@ pub struct EventQueue {
     accepted: Arc<AtomicU64>,
     /// `sensor.health` counts the observer adds and the batcher sends.
     health: Arc<crate::event::health::HealthCounters>,
+    /// Set when reporting is off: events are counted here as unsent instead of being queued
+    /// for a batcher that could only count them.
+    unread: Option<Arc<AtomicU64>>,
 }
 
 impl EventSink for EventQueue {
     fn emit(&mut self, event: Event) {
-        if self.tx.try_send(event).is_err() {
+        if self.unread.is_some() {
+            drop(event);
+            self.count_unread();
+        } else if self.tx.try_send(event).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         } else {
             self.accepted.fetch_add(1, Ordering::Relaxed);
@@ -111,6 +117,24 @@ impl EventSink for EventQueue {
 
     fn health(&self) -> Option<&crate::event::health::HealthCounters> {
         Some(&self.health)
+    }
+
+    fn reads_events(&self) -> bool {
+        self.unread.is_none()
+    }
+
+    fn count_unread(&mut self) {
+        match &self.unread {
+            Some(unread) => {
+                self.accepted.fetch_add(1, Ordering::Relaxed);
+                unread.fetch_add(1, Ordering::Relaxed);
+            }
+            // Reporting is on: an event was due here; counted as a queue drop, never lost
+            // silently.
+            None => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -129,6 +153,8 @@ pub struct ReportWatch {
     published: Arc<Mutex<ReportStats>>,
     queue_dropped: Arc<AtomicU64>,
     accepted: Arc<AtomicU64>,
+    /// Events counted as unsent by the queue itself (reporting off), never by the batcher.
+    unread: Arc<AtomicU64>,
     /// Events are meant to go somewhere (else they are `unsent`, not lost).
     sink: bool,
 }
@@ -152,7 +178,9 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         dropped: queue_dropped.clone(),
         accepted: accepted.clone(),
         health: health.clone(),
+        unread: None,
     };
+    let unread = Arc::new(AtomicU64::new(0));
     let mut handle = ReporterHandle {
         task: None,
         deadline: deadline_tx,
@@ -161,6 +189,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
             published: published.clone(),
             queue_dropped: queue_dropped.clone(),
             accepted,
+            unread: unread.clone(),
             sink: false,
         },
     };
@@ -168,6 +197,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         tracing::warn!("Reporter started outside a tokio runtime: events will not be reported");
         return (queue, handle);
     };
+    let mut queue = queue;
 
     let sink = match (&cfg.target, &cfg.token) {
         (IngestTarget::Http(base), Some(token)) => {
@@ -186,6 +216,11 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         (IngestTarget::File(path), _) => Some(sink::Sink::File(sink::FileSink::new(path.clone()))),
     };
     handle.watch.sink = sink.is_some();
+    if sink.is_none() {
+        // Reporting is off: the batcher would only count each event as unsent, after a copy
+        // of it (with OTLP on) and a trip through the queue. The queue counts it instead.
+        queue.unread = Some(unread);
+    }
     let batcher = batch::Batcher {
         rx,
         queue_dropped,
@@ -242,7 +277,10 @@ impl ReporterHandle {
             };
         };
         match tokio::time::timeout_at(deadline + JOIN_GRACE, &mut task).await {
-            Ok(Ok(stats)) => stats,
+            Ok(Ok(mut stats)) => {
+                stats.unsent += self.watch.unread.load(Ordering::Relaxed);
+                stats
+            }
             _ => {
                 task.abort();
                 tracing::warn!("Reporter did not stop by its deadline; unsent events are lost");
@@ -270,12 +308,14 @@ impl ReportWatch {
         let q = self.queue_dropped.load(Ordering::Relaxed);
         s.queue_full += q;
         s.dropped += q;
+        s.unsent += self.unread.load(Ordering::Relaxed);
         s
     }
 
     /// [`ReportWatch::outstanding`] against the published totals `s`.
     fn outstanding_after(&self, s: &ReportStats) -> u64 {
-        let accounted = s.delivered + s.filtered + s.failed + s.unsent;
+        let accounted =
+            s.delivered + s.filtered + s.failed + s.unsent + self.unread.load(Ordering::Relaxed);
         self.accepted
             .load(Ordering::Relaxed)
             .saturating_sub(accounted)
