@@ -103,7 +103,8 @@ pub(super) fn tool_name(s: &str) -> Option<(String, bool)> {
     if s.is_empty() || s.len() > MAX_TOOL_NAME || s.chars().any(char::is_control) {
         return None;
     }
-    if crate::event::privacy::contains_sensitive(s) {
+    // Recalled: a session calls a few tools many times (the filter checks the name again).
+    if crate::event::privacy::contains_sensitive_recalled(s) {
         return Some((REDACTED.to_string(), true));
     }
     Some((s.to_string(), false))

@@ -1161,17 +1161,36 @@ fn duplicate_name_reports_the_last_and_equal_numeric_ids_correlate() {
 
 #[test]
 fn a_tool_name_holding_pii_is_reported_as_redacted_and_counted() {
+    // The verdict on a tool name is recalled within a session: a canary name is redacted each
+    // time it comes, between innocent ones.
+    let phone = "notify_+44 20 7946 0958";
+    let names = [
+        phone,
+        "issue_refund",
+        phone,
+        "mail_jane.doe@example.com",
+        "charge_4111111111111111",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        "issue_refund",
+        phone,
+    ];
     let mut t = T::new();
-    t.send(C2S, 0, call(json!(1), "notify_+44 20 7946 0958", json!({})));
-    t.send(S2C, 1, ok(json!(1)));
-    t.send(C2S, 2, call(json!(2), "issue_refund", json!({})));
-    t.send(S2C, 3, ok(json!(2)));
-    let (stats, events) = t.finish(5, EndCause::SessionEnd);
-    assert_eq!(events.len(), 2, "the call is still reported");
-    assert_eq!(events[0].rec.action, REDACTED);
-    assert_eq!(events[0].dest.path_template, format!("/{REDACTED}"));
-    assert_eq!(events[1].rec.action, "issue_refund");
-    assert_eq!(stats.redacted_tools, 1);
+    for (i, name) in names.iter().enumerate() {
+        let at = 2 * i as u64;
+        t.send(C2S, at, call(json!(i), name, json!({})));
+        t.send(S2C, at + 1, ok(json!(i)));
+    }
+    let (stats, events) = t.finish(2 * names.len() as u64, EndCause::SessionEnd);
+    assert_eq!(events.len(), names.len(), "every call is still reported");
+    for (ev, name) in events.iter().zip(names) {
+        if name == "issue_refund" {
+            assert_eq!(ev.rec.action, name);
+        } else {
+            assert_eq!(ev.rec.action, REDACTED, "{name}");
+            assert_eq!(ev.dest.path_template, format!("/{REDACTED}"));
+        }
+    }
+    assert_eq!(stats.redacted_tools, 6);
     assert_eq!(stats.malformed, 0);
 }
 
