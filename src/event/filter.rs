@@ -1103,7 +1103,7 @@ pub(crate) mod tests {
         assert!(!v.is_valid(&org), "a batch never carries org");
     }
 
-    mod generated {
+    pub(crate) mod generated {
         use super::*;
         use proptest::prelude::*;
 
@@ -1231,7 +1231,7 @@ pub(crate) mod tests {
         }
 
         /// Built events with every field sometimes invalid, for the typed filter's equivalence.
-        fn any_built_event() -> BoxedStrategy<crate::event::Event> {
+        pub(crate) fn any_built_event() -> BoxedStrategy<crate::event::Event> {
             use crate::event::{
                 Actor, ByteSizes, CatalogSize, Dest, DriftChange, ErrKind, Event, EventClass,
                 EventErr, Hint, Rec, Session,

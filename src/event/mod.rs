@@ -310,7 +310,7 @@ impl BatchBody {
         if self.count > 0 {
             self.events.push(b',');
         }
-        match serde_json::to_writer(&mut self.events, event) {
+        match write_event(&mut self.events, event) {
             Ok(()) => {
                 self.count += 1;
                 Ok(())
@@ -377,6 +377,121 @@ impl BatchBody {
         self.clear();
         Ok(out)
     }
+}
+
+/// An [`Event`] as JSON: the bytes `serde_json::to_writer` writes for it (a property test
+/// holds them equal over generated events), without serde's per-field dispatch, and with each
+/// string that needs no escape (nearly all of them: hex ids, names, the timestamp) copied
+/// whole. Values that are rare or nested (captured fields, the error, the catalog, the
+/// duration's float) are still written by `serde_json`. Goes with the derive: a field added to
+/// [`Event`] must be added here, and the property test fails until it is.
+fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
+    fn str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
+        // serde_json escapes exactly these bytes; anything else goes out as it is.
+        if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            out.push(b'"');
+            out.extend_from_slice(s.as_bytes());
+            out.push(b'"');
+            Ok(())
+        } else {
+            serde_json::to_writer(&mut *out, s)
+        }
+    }
+    fn key(out: &mut Vec<u8>, k: &str) {
+        out.extend_from_slice(k.as_bytes());
+    }
+    fn opt_str(out: &mut Vec<u8>, k: &str, v: Option<&str>) -> Result<(), serde_json::Error> {
+        if let Some(v) = v {
+            key(out, k);
+            str(out, v)?;
+        }
+        Ok(())
+    }
+    fn value<T: Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> Result<(), serde_json::Error> {
+        serde_json::to_writer(&mut *out, v)
+    }
+    key(out, "{\"v\":");
+    value(out, &e.v)?;
+    key(out, ",\"id\":");
+    str(out, &e.id)?;
+    key(out, ",\"ts\":");
+    str(out, &e.ts)?;
+    key(out, ",\"class\":");
+    value(out, &e.class)?;
+    let r = &e.rec;
+    key(out, ",\"rec\":{\"rail\":");
+    str(out, &r.rail)?;
+    key(out, ",\"action\":");
+    str(out, &r.action)?;
+    key(out, ",\"registryVersion\":");
+    match &r.registry_version {
+        Some(v) => str(out, v)?,
+        None => key(out, "null"),
+    }
+    if let Some(f) = &r.fields {
+        key(out, ",\"fields\":");
+        value(out, f)?;
+    }
+    opt_str(out, ",\"toolDef\":", r.tool_def.as_deref())?;
+    if let Some(l) = r.listed {
+        key(
+            out,
+            if l {
+                ",\"listed\":true"
+            } else {
+                ",\"listed\":false"
+            },
+        );
+    }
+    if !r.hints.is_empty() {
+        key(out, ",\"hints\":");
+        value(out, &r.hints)?;
+    }
+    if let Some(c) = &r.change {
+        key(out, ",\"change\":");
+        value(out, c)?;
+    }
+    opt_str(out, ",\"prevToolDef\":", r.prev_tool_def.as_deref())?;
+    key(out, "},\"dest\":{\"host\":");
+    str(out, &e.dest.host)?;
+    key(out, ",\"pathTemplate\":");
+    str(out, &e.dest.path_template)?;
+    key(out, ",\"method\":");
+    str(out, &e.dest.method)?;
+    key(out, "},\"actor\":{\"id\":");
+    str(out, &e.actor.id)?;
+    key(out, ",\"kind\":");
+    str(out, &e.actor.kind)?;
+    key(out, ",\"grade\":");
+    str(out, &e.actor.grade)?;
+    key(out, "}");
+    opt_str(out, ",\"onBehalfOf\":", e.on_behalf_of.as_deref())?;
+    key(out, ",\"status\":");
+    value(out, &e.status)?;
+    key(out, ",\"dur_ms\":");
+    value(out, &e.dur_ms)?;
+    key(out, ",\"bytes\":{\"req\":");
+    value(out, &e.bytes.req)?;
+    key(out, ",\"resp\":");
+    value(out, &e.bytes.resp)?;
+    key(out, "}");
+    if let Some(s) = &e.session {
+        key(out, ",\"session\":{\"id\":");
+        str(out, &s.id)?;
+        opt_str(out, ",\"protocol\":", s.protocol.as_deref())?;
+        opt_str(out, ",\"client\":", s.client.as_deref())?;
+        if let Some(c) = &s.catalog {
+            key(out, ",\"catalog\":");
+            value(out, c)?;
+        }
+        key(out, "}");
+    }
+    if let Some(err) = &e.err {
+        key(out, ",\"err\":");
+        value(out, err)?;
+    }
+    key(out, "}");
+    Ok(())
 }
 
 /// Where the observer puts finished events. The reporter's queue implements it; tests use a Vec.
@@ -530,6 +645,48 @@ fn rfc3339_ms_time(t: std::time::SystemTime) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// The event writer is serde's encoding, byte for byte, whatever the event holds.
+        #[test]
+        fn written_events_are_the_bytes_serde_writes(
+            ev in crate::event::filter::tests::generated::any_built_event()
+        ) {
+            let mut ours = Vec::new();
+            write_event(&mut ours, &ev).expect("writes");
+            let serde = serde_json::to_vec(&ev).expect("serialises");
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&serde));
+        }
+    }
+
+    #[test]
+    fn written_strings_escape_what_serde_escapes() {
+        let mut ev: Event = serde_json::from_value(crate::event::filter::tests::sample())
+            .expect("the sample is an Event");
+        for s in [
+            "",
+            "plain",
+            "quote\"",
+            "back\\slash",
+            "tab\t",
+            "nl\n",
+            "\u{1}\u{1f}",
+            "\u{7f}",
+            "é ✓ 😀",
+            "</script>",
+            "\u{2028}",
+        ] {
+            ev.id = s.into();
+            ev.rec.action = format!("a{s}");
+            ev.dest.host = s.into();
+            ev.on_behalf_of = Some(s.into());
+            let mut ours = Vec::new();
+            write_event(&mut ours, &ev).expect("writes");
+            assert_eq!(ours, serde_json::to_vec(&ev).expect("serialises"), "{s:?}");
+        }
+    }
 
     #[test]
     fn batch_body_is_the_envelope_around_the_filtered_events() {
