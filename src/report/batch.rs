@@ -79,7 +79,8 @@ pub(crate) struct Batcher {
     pub(crate) rx: mpsc::Receiver<Event>,
     /// Incremented by the queue's producers when it is full.
     pub(crate) queue_dropped: Arc<AtomicU64>,
-    /// `None`: reporting is off; events are drained and discarded, no socket is ever opened.
+    /// `None`: reporting is off and no socket is ever opened. The queue then counts events
+    /// itself and sends none here (`EventQueue`); one that arrives anyway is only counted.
     pub(crate) sink: Option<Sink>,
     pub(crate) flush: Duration,
     pub(crate) transport: &'static str,
@@ -203,8 +204,9 @@ impl Batcher {
     fn push(&mut self, ev: Event) {
         if self.sink.is_none() {
             // Reporting is off (OTLP alone, or no token): nothing will read a batch, so the event
-            // is only counted. Filtering and serialising it for nothing was a fifth of the
-            // observer's CPU per call with OTLP on and no ingest.
+            // is only counted. (The queue already counts such events itself; filtering and
+            // serialising them for nothing was a fifth of the observer's CPU per call with OTLP
+            // on and no ingest.)
             self.stats.unsent += 1;
             return;
         }

@@ -10,7 +10,9 @@
 //! The pieces, in the order an event meets them:
 //!
 //! * [`EventQueue`]: bounded ([`QUEUE_CAPACITY`]); when full the newest event is dropped and
-//!   counted, and the count travels in the next batch's `dropped`.
+//!   counted, and the count travels in the next batch's `dropped`. With reporting off it queues
+//!   nothing and counts each event as unsent itself, so that the OTLP exporter beside it takes
+//!   the event instead of a copy ([`EventSink::reads_events`]).
 //! * [`batch`]: the batcher task: L3 filter → batches of ≤ 500 events and ≤ 1 MiB
 //!   ([`MAX_BATCH_BYTES`]) or whatever is queued after the flush interval → send with one
 //!   retry → Delivered / Errored / Rejected → back off while the ingest keeps failing. At most
