@@ -521,7 +521,8 @@ mod tests {
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans};
     use serde_json::{json, Value};
 
-    fn sample_span() -> Span {
+    /// The filter's sample event, and facts of a 3 ms call without trace context.
+    fn sample_call() -> (Event, CallFacts) {
         let ev: Event = serde_json::from_value(crate::event::filter::tests::sample())
             .expect("the sample is an Event");
         let start =
@@ -535,6 +536,11 @@ mod tests {
             server_version: None,
             server_name: None,
         };
+        (ev, facts)
+    }
+
+    fn sample_span() -> Span {
+        let (ev, facts) = sample_call();
         span(
             &ev,
             &facts,
@@ -604,19 +610,9 @@ mod tests {
     /// writes: both trace origins, each error kind, every kind of captured value, a long tool
     /// name (multi-byte lengths), no session, both networks.
     fn varied_calls() -> Vec<(Event, CallFacts, Network)> {
-        let base: Event = serde_json::from_value(crate::event::filter::tests::sample())
-            .expect("the sample is an Event");
-        let start =
-            std::time::UNIX_EPOCH + std::time::Duration::from_nanos(1_700_000_000_123_456_789);
-        let facts = CallFacts {
-            start,
-            end: start + std::time::Duration::from_micros(1_250),
-            request_id: Some("7".into()),
-            trace: None,
-            listed: true,
-            server_version: Some("1.2.3".into()),
-            server_name: Some("payments".into()),
-        };
+        let (base, mut facts) = sample_call();
+        facts.server_version = Some("1.2.3".into());
+        facts.server_name = Some("payments".into());
         let mut out = Vec::new();
         out.push((base.clone(), facts.clone(), Network::stdio()));
         out.push((
