@@ -722,12 +722,61 @@ pub fn peek(msg: &[u8]) -> Result<Peek<'_>, PeekError> {
         }
         _ => return Err(PeekError::NotJson),
     }
-    serde_json::from_slice::<Peek<'_>>(msg).map_err(|_| PeekError::NotJson)
+    // A small message that is valid UTF-8 throughout is parsed as text: serde_json then does not
+    // check each string it borrows again, and for an ordinary call those checks cost more than
+    // the one pass. A larger message, or one that is not UTF-8, is parsed from its bytes, where
+    // the values it skips are never checked at all. The result is the same either way.
+    let text = (msg.len() <= WHOLE_UTF8_MAX)
+        .then(|| std::str::from_utf8(msg).ok())
+        .flatten();
+    match text {
+        Some(t) => serde_json::from_str::<Peek<'_>>(t),
+        None => serde_json::from_slice::<Peek<'_>>(msg),
+    }
+    .map_err(|_| PeekError::NotJson)
 }
+
+/// Largest message [`peek`] checks as UTF-8 whole before parsing (see there).
+const WHOLE_UTF8_MAX: usize = 4096;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Parsed as text or as bytes, a message reads the same: valid ones, and ones with bytes
+    /// that are not UTF-8 in a key, in a value read, in a value skipped, or outside any string.
+    #[test]
+    fn text_and_bytes_parse_alike() {
+        // `@` stands for the given bytes.
+        let with = |json: &str, b: &[u8]| -> Vec<u8> {
+            let (a, z) = json.split_once('@').expect("a placeholder");
+            [a.as_bytes(), b, z.as_bytes()].concat()
+        };
+        let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t\u00e9@","arguments":{"a":"x","b":1.5,"c":[1,{"d":"x"}]}}}"#;
+        let key = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"@":1}}}"#;
+        let text = r#"{"jsonrpc":"2.0","id":"s","result":{"content":[{"type":"text","text":"ok @"}],"isError":false}}"#;
+        let skipped = r#"{"jsonrpc":"2.0","id":1,"result":{"other":"@"}}"#;
+        let outside = r#"{"jsonrpc":"2.0",@"id":1}"#;
+        let mut msgs = Vec::new();
+        for json in [call, key, text, skipped, outside] {
+            for b in [&b""[..], "é✓".as_bytes(), b"\xff", b"\xc3", b"\xfe\xff"] {
+                msgs.push(with(json, b));
+            }
+        }
+        // The same past the size where whole-message checking stops.
+        let pad = format!(r#"{{"pad":"{}","#, "p".repeat(WHOLE_UTF8_MAX));
+        let big: Vec<Vec<u8>> = msgs
+            .iter()
+            .map(|m| [pad.as_bytes(), &m[1..]].concat())
+            .collect();
+        let mut text_path = 0;
+        for m in msgs.iter().chain(&big) {
+            let bytes = serde_json::from_slice::<Peek<'_>>(m).map_err(|_| PeekError::NotJson);
+            assert_eq!(peek(m), bytes, "{}", String::from_utf8_lossy(m));
+            text_path += usize::from(m.len() <= WHOLE_UTF8_MAX && std::str::from_utf8(m).is_ok());
+        }
+        assert_eq!(text_path, 10, "the valid small messages took the text path");
+    }
 
     #[test]
     fn reads_a_tools_call_request() {
