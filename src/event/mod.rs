@@ -386,111 +386,80 @@ impl BatchBody {
 /// duration's float) are still written by `serde_json`. Goes with the derive: a field added to
 /// [`Event`] must be added here, and the property test fails until it is.
 fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
-    fn str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
+    type Out<'a> = &'a mut Vec<u8>;
+    /// `k` (the key with the punctuation before it), then `v` as a JSON string.
+    fn text(out: Out, k: &str, v: &str) -> Result<(), serde_json::Error> {
+        out.extend_from_slice(k.as_bytes());
         // serde_json escapes exactly these bytes; anything else goes out as it is.
-        if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        if v.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
             out.push(b'"');
-            out.extend_from_slice(s.as_bytes());
+            out.extend_from_slice(v.as_bytes());
             out.push(b'"');
             Ok(())
         } else {
-            serde_json::to_writer(&mut *out, s)
+            serde_json::to_writer(&mut *out, v)
         }
     }
-    fn key(out: &mut Vec<u8>, k: &str) {
+    /// [`text`] when there is a value; nothing when there is none (`skip_serializing_if`).
+    fn opt_text(out: Out, k: &str, v: Option<&str>) -> Result<(), serde_json::Error> {
+        v.map_or(Ok(()), |v| text(out, k, v))
+    }
+    /// `k`, then `v` as serde_json writes it.
+    fn value<T: Serialize + ?Sized>(out: Out, k: &str, v: &T) -> Result<(), serde_json::Error> {
         out.extend_from_slice(k.as_bytes());
-    }
-    fn opt_str(out: &mut Vec<u8>, k: &str, v: Option<&str>) -> Result<(), serde_json::Error> {
-        if let Some(v) = v {
-            key(out, k);
-            str(out, v)?;
-        }
-        Ok(())
-    }
-    fn value<T: Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) -> Result<(), serde_json::Error> {
         serde_json::to_writer(&mut *out, v)
     }
-    key(out, "{\"v\":");
-    value(out, &e.v)?;
-    key(out, ",\"id\":");
-    str(out, &e.id)?;
-    key(out, ",\"ts\":");
-    str(out, &e.ts)?;
-    key(out, ",\"class\":");
-    value(out, &e.class)?;
     let r = &e.rec;
-    key(out, ",\"rec\":{\"rail\":");
-    str(out, &r.rail)?;
-    key(out, ",\"action\":");
-    str(out, &r.action)?;
-    key(out, ",\"registryVersion\":");
+    value(out, "{\"v\":", &e.v)?;
+    text(out, ",\"id\":", &e.id)?;
+    text(out, ",\"ts\":", &e.ts)?;
+    value(out, ",\"class\":", &e.class)?;
+    text(out, ",\"rec\":{\"rail\":", &r.rail)?;
+    text(out, ",\"action\":", &r.action)?;
     match &r.registry_version {
-        Some(v) => str(out, v)?,
-        None => key(out, "null"),
+        Some(v) => text(out, ",\"registryVersion\":", v)?,
+        None => out.extend_from_slice(b",\"registryVersion\":null"),
     }
     if let Some(f) = &r.fields {
-        key(out, ",\"fields\":");
-        value(out, f)?;
+        value(out, ",\"fields\":", f)?;
     }
-    opt_str(out, ",\"toolDef\":", r.tool_def.as_deref())?;
-    if let Some(l) = r.listed {
-        key(
-            out,
-            if l {
-                ",\"listed\":true"
-            } else {
-                ",\"listed\":false"
-            },
-        );
+    opt_text(out, ",\"toolDef\":", r.tool_def.as_deref())?;
+    if let Some(l) = &r.listed {
+        value(out, ",\"listed\":", l)?;
     }
     if !r.hints.is_empty() {
-        key(out, ",\"hints\":");
-        value(out, &r.hints)?;
+        value(out, ",\"hints\":", &r.hints)?;
     }
     if let Some(c) = &r.change {
-        key(out, ",\"change\":");
-        value(out, c)?;
+        value(out, ",\"change\":", c)?;
     }
-    opt_str(out, ",\"prevToolDef\":", r.prev_tool_def.as_deref())?;
-    key(out, "},\"dest\":{\"host\":");
-    str(out, &e.dest.host)?;
-    key(out, ",\"pathTemplate\":");
-    str(out, &e.dest.path_template)?;
-    key(out, ",\"method\":");
-    str(out, &e.dest.method)?;
-    key(out, "},\"actor\":{\"id\":");
-    str(out, &e.actor.id)?;
-    key(out, ",\"kind\":");
-    str(out, &e.actor.kind)?;
-    key(out, ",\"grade\":");
-    str(out, &e.actor.grade)?;
-    key(out, "}");
-    opt_str(out, ",\"onBehalfOf\":", e.on_behalf_of.as_deref())?;
-    key(out, ",\"status\":");
-    value(out, &e.status)?;
-    key(out, ",\"dur_ms\":");
-    value(out, &e.dur_ms)?;
-    key(out, ",\"bytes\":{\"req\":");
-    value(out, &e.bytes.req)?;
-    key(out, ",\"resp\":");
-    value(out, &e.bytes.resp)?;
-    key(out, "}");
+    opt_text(out, ",\"prevToolDef\":", r.prev_tool_def.as_deref())?;
+    text(out, "},\"dest\":{\"host\":", &e.dest.host)?;
+    text(out, ",\"pathTemplate\":", &e.dest.path_template)?;
+    text(out, ",\"method\":", &e.dest.method)?;
+    text(out, "},\"actor\":{\"id\":", &e.actor.id)?;
+    text(out, ",\"kind\":", &e.actor.kind)?;
+    text(out, ",\"grade\":", &e.actor.grade)?;
+    out.push(b'}');
+    opt_text(out, ",\"onBehalfOf\":", e.on_behalf_of.as_deref())?;
+    value(out, ",\"status\":", &e.status)?;
+    value(out, ",\"dur_ms\":", &e.dur_ms)?;
+    value(out, ",\"bytes\":{\"req\":", &e.bytes.req)?;
+    value(out, ",\"resp\":", &e.bytes.resp)?;
+    out.push(b'}');
     if let Some(s) = &e.session {
-        key(out, ",\"session\":{\"id\":");
-        str(out, &s.id)?;
-        opt_str(out, ",\"protocol\":", s.protocol.as_deref())?;
-        opt_str(out, ",\"client\":", s.client.as_deref())?;
+        text(out, ",\"session\":{\"id\":", &s.id)?;
+        opt_text(out, ",\"protocol\":", s.protocol.as_deref())?;
+        opt_text(out, ",\"client\":", s.client.as_deref())?;
         if let Some(c) = &s.catalog {
-            key(out, ",\"catalog\":");
-            value(out, c)?;
+            value(out, ",\"catalog\":", c)?;
         }
-        key(out, "}");
+        out.push(b'}');
     }
     if let Some(err) = &e.err {
-        key(out, ",\"err\":");
-        value(out, err)?;
+        value(out, ",\"err\":", err)?;
     }
-    key(out, "}");
+    out.push(b'}');
     Ok(())
 }
 
@@ -673,6 +642,10 @@ mod tests {
             "tab\t",
             "nl\n",
             "\u{1}\u{1f}",
+            // Each control byte alone: the check must cover the whole range below 0x20.
+            "\u{0}",
+            "x\u{10}y",
+            "\u{1f}",
             "\u{7f}",
             "é ✓ 😀",
             "</script>",
