@@ -197,7 +197,6 @@ pub fn span(ev: &Event, facts: &CallFacts, net: &Network, ids: ([u8; 16], [u8; 8
     let (trace_id, parent, state, flags) = lineage(facts, &ids.0);
     let mut attributes_list = Vec::new();
     attributes(ev, facts, net, &mut attributes_list);
-    let error = ev.err.is_some();
     Span {
         trace_id: trace_id.to_vec(),
         span_id: ids.1.to_vec(),
@@ -209,7 +208,7 @@ pub fn span(ev: &Event, facts: &CallFacts, net: &Network, ids: ([u8; 16], [u8; 8
         start_time_unix_nano: unix_nanos(facts.start),
         end_time_unix_nano: unix_nanos(facts.end),
         attributes: attributes_list,
-        status: Some(status(error)),
+        status: Some(status(ev.err.is_some())),
         ..Default::default()
     }
 }
@@ -331,21 +330,7 @@ pub fn encode_span(
     pb::fixed64(8, unix_nanos(facts.end), buf);
     attributes(ev, facts, net, &mut ProtoAttrs(buf));
     // `status` is always set, so always written, even when empty (code UNSET).
-    let code = if ev.err.is_some() {
-        StatusCode::Error as u64
-    } else {
-        0
-    };
-    if code == 0 {
-        pb::len_prefix(15, 0, buf);
-    } else {
-        pb::len_prefix(
-            15,
-            prost::encoding::key_len(3) + prost::encoding::encoded_len_varint(code),
-            buf,
-        );
-        pb::varint(3, code, buf);
-    }
+    prost::encoding::message::encode(15, &status(ev.err.is_some()), buf);
     pb::fixed32(16, flags, buf);
 }
 
