@@ -80,7 +80,7 @@ pub(crate) struct Batcher {
     /// Incremented by the queue's producers when it is full.
     pub(crate) queue_dropped: Arc<AtomicU64>,
     /// `None`: reporting is off and no socket is ever opened. The queue then counts events
-    /// itself and sends none here (`EventQueue`); one that arrives anyway is only counted.
+    /// itself and sends none here (`EventQueue`); one that arrives anyway is counted as unsent.
     pub(crate) sink: Option<Sink>,
     pub(crate) flush: Duration,
     pub(crate) transport: &'static str,
@@ -199,17 +199,8 @@ impl Batcher {
     }
 
     /// Filters one event (L3) into the current batch; a rejected event is counted, never sent.
-    /// With reporting off it only counts the event as unsent. Called only when the batch is not
-    /// full.
+    /// Called only when the batch is not full.
     fn push(&mut self, ev: Event) {
-        if self.sink.is_none() {
-            // Reporting is off (OTLP alone, or no token): nothing will read a batch, so the event
-            // is only counted. (The queue already counts such events itself; filtering and
-            // serialising them for nothing was a fifth of the observer's CPU per call with OTLP
-            // on and no ingest.)
-            self.stats.unsent += 1;
-            return;
-        }
         // The typed form of `validate_and_filter_event` (proven equal to it over generated
         // events), without building a `Value` of the event first.
         match filter_event(ev) {
@@ -330,12 +321,12 @@ impl Batcher {
         if self.buf.is_empty() && self.pending_health == Default::default() {
             return;
         }
-        // Reporting off: `push` counted every event as unsent and built no batch, and health
-        // counts have nowhere to go.
+        let n = self.buf.len() as u64;
         if self.sink.is_none() {
+            self.buf.clear();
+            self.stats.unsent += n;
             return;
         }
-        let n = self.buf.len() as u64;
         if self.stats.revoked {
             self.buf.clear();
             self.lose(n, None);
@@ -662,30 +653,6 @@ mod tests {
             stats: ReportStats::default(),
             log: FailureLog::default(),
         }
-    }
-
-    /// With reporting off the batcher counts events and builds nothing: no batch bytes, no
-    /// filter verdict, each event once as unsent, whether the filter would pass it or not.
-    #[tokio::test]
-    async fn with_reporting_off_events_are_counted_not_built() {
-        let (tx, rx) = mpsc::channel(16);
-        for _ in 0..5 {
-            tx.try_send(wide_event()).expect("room");
-        }
-        let mut bad = wide_event();
-        bad.id = String::new();
-        tx.try_send(bad).expect("room");
-        drop(tx);
-        let (_deadline_tx, deadline) = watch::channel(None);
-        let mut b = batcher(None, rx, deadline);
-        while let Ok(ev) = b.rx.try_recv() {
-            b.push(ev);
-            assert!(b.buf.is_empty(), "nothing serialised");
-        }
-        let stats = b.run().await;
-        assert_eq!(stats.unsent, 6);
-        assert_eq!(stats.filtered, 0);
-        assert_eq!(stats.delivered, 0);
     }
 
     #[tokio::test]

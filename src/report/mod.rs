@@ -219,8 +219,9 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
     };
     handle.watch.sink = sink.is_some();
     if sink.is_none() {
-        // Reporting is off: the batcher would only count each event as unsent, after a copy
-        // of it (with OTLP on) and a trip through the queue. The queue counts it instead.
+        // Reporting is off: the batcher could only count each event as unsent, after a copy of
+        // it (with OTLP on), a trip through the queue, the filter and a batch nobody reads. The
+        // queue counts it instead, and the batcher gets none.
         queue.unread = Some(unread);
     }
     let batcher = batch::Batcher {
