@@ -293,14 +293,23 @@ pub(crate) const RECALL_SLOTS: usize = 32;
 /// Longer strings are scanned every time: keys and metadata are short.
 const RECALL_MAX_LEN: usize = 128;
 
-/// A thread's recent scans: the scan, the exact string, its verdict; and the next slot to
-/// replace once full (round-robin).
-type Recalled = (Vec<(Scan, Box<str>, bool)>, usize);
+/// A thread's recent scans (the scan, the exact string, its verdict), filled and then replaced
+/// round-robin.
+struct Recalled {
+    slots: Vec<(Scan, Box<str>, bool)>,
+    /// The slot to replace next, once all are filled.
+    next: usize,
+    /// Where to look first: the slot after the last one found. An event's strings are checked
+    /// in the same order every time, so the next one asked for is usually there.
+    look: usize,
+}
 
 thread_local! {
     /// Holds at most 4 KiB of strings this thread has just scanned, and nothing else; a hit
     /// needs the same scan and the exact same content, so it is the scan's own verdict.
-    static RECALLED: std::cell::RefCell<Recalled> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+    static RECALLED: std::cell::RefCell<Recalled> = const {
+        std::cell::RefCell::new(Recalled { slots: Vec::new(), next: 0, look: 0 })
+    };
 }
 
 /// `scan(text)`, or its verdict from the last [`RECALL_SLOTS`] scans of this thread.
@@ -309,17 +318,23 @@ fn recall(kind: Scan, text: &str, scan: fn(&str) -> bool) -> bool {
         return scan(text);
     }
     RECALLED.with(|memo| {
-        let (slots, next) = &mut *memo.borrow_mut();
-        if let Some(&(_, _, verdict)) = slots.iter().find(|(k, t, _)| *k == kind && **t == *text) {
-            return verdict;
+        let r = &mut *memo.borrow_mut();
+        let n = r.slots.len();
+        let found = (r.look..n).chain(0..r.look).find(|&i| {
+            let (k, t, _) = &r.slots[i];
+            *k == kind && **t == *text
+        });
+        if let Some(i) = found {
+            r.look = if i + 1 == n { 0 } else { i + 1 };
+            return r.slots[i].2;
         }
         let verdict = scan(text);
         let entry = (kind, Box::from(text), verdict);
-        if slots.len() < RECALL_SLOTS {
-            slots.push(entry);
+        if n < RECALL_SLOTS {
+            r.slots.push(entry);
         } else {
-            slots[*next] = entry;
-            *next = (*next + 1) % RECALL_SLOTS;
+            r.slots[r.next] = entry;
+            r.next = (r.next + 1) % RECALL_SLOTS;
         }
         verdict
     })
