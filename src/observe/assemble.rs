@@ -129,7 +129,14 @@ impl<S: EventSink> Observer<S> {
                 break;
             }
             match v.as_scalar().map(|s| self.policy.decide(k, s)) {
-                Some(Capture::Kept(val)) => m.push((k.to_string(), val)),
+                Some(Capture::Kept(val)) => {
+                    // Room for all the arguments: when all are kept (the usual case), the box the
+                    // call holds them in needs no shrinking copy.
+                    if m.capacity() == 0 {
+                        m.reserve_exact(args.0.len().min(MAX_FIELDS));
+                    }
+                    m.push((k.to_string(), val))
+                }
                 Some(Capture::Prose) => prose += 1,
                 Some(Capture::Dropped) | None => {}
             }
