@@ -23,7 +23,7 @@
 use serde_json::{Map, Value};
 
 use super::privacy;
-use super::{DriftChange, ErrKind, Event, EventClass, Hint};
+use super::{DriftChange, ErrKind, Event, Hint};
 use crate::token::is_b64url;
 
 /// The envelope version this build produces (DESIGN §4).
@@ -255,11 +255,7 @@ impl<'a> View<'a> {
             v: Ok(u64::from(e.v)),
             id: Ok(&e.id),
             ts: Ok(&e.ts),
-            class: Ok(Some(match e.class {
-                EventClass::Action => "action",
-                EventClass::Error => "error",
-                EventClass::Drift => "drift",
-            })),
+            class: Ok(Some(e.class.name())),
             rail: Ok(&e.rec.rail),
             action: Ok(&e.rec.action),
             registry_version: Ok(e.rec.registry_version.as_deref()),

@@ -124,6 +124,17 @@ pub enum EventClass {
     Drift,
 }
 
+impl EventClass {
+    /// The name the envelope carries (what serde writes).
+    pub fn name(self) -> &'static str {
+        match self {
+            EventClass::Action => "action",
+            EventClass::Error => "error",
+            EventClass::Drift => "drift",
+        }
+    }
+}
+
 /// A tool annotation the server set to `true` (`rec.hints`): the server's claim, not a fact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -418,7 +429,7 @@ fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
     value(out, "{\"v\":", &e.v)?;
     text(out, ",\"id\":", &e.id)?;
     text(out, ",\"ts\":", &e.ts)?;
-    value(out, ",\"class\":", &e.class)?;
+    text(out, ",\"class\":", e.class.name())?;
     text(out, ",\"rec\":{\"rail\":", &r.rail)?;
     text(out, ",\"action\":", &r.action)?;
     match &r.registry_version {
@@ -457,7 +468,13 @@ fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
         opt_text(out, ",\"protocol\":", s.protocol.as_deref())?;
         opt_text(out, ",\"client\":", s.client.as_deref())?;
         if let Some(c) = &s.catalog {
-            value(out, ",\"catalog\":", c)?;
+            out.extend_from_slice(b",\"catalog\":{");
+            if let Some(t) = &c.tools {
+                value(out, "\"tools\":", t)?;
+                out.push(b',');
+            }
+            value(out, "\"bytes\":", &c.bytes)?;
+            out.push(b'}');
         }
         out.push(b'}');
     }
