@@ -154,13 +154,19 @@ impl Batcher {
             };
             match wake {
                 Wake::Event(ev) => {
-                    self.push(ev);
-                    if let Some(p) = &self.pacer {
-                        p.pace();
-                    }
+                    self.take(ev);
                     if flush_at.is_none() && !self.buf.is_empty() {
                         // Age-based: no event waits longer than the flush interval.
                         flush_at = Some(Instant::now() + self.flush);
+                    }
+                    // What else is queued joins this batch without another turn of the
+                    // `select!`, which builds its shutdown, receive and timer futures anew each
+                    // time. At most a batch's worth: the shutdown is looked at again after it.
+                    while !self.is_full() {
+                        match self.rx.try_recv() {
+                            Ok(ev) => self.take(ev),
+                            Err(_) => break,
+                        }
                     }
                     if self.is_full() && !self.backing_off() {
                         self.flush().await;
@@ -196,6 +202,14 @@ impl Batcher {
     /// When the batch left after a flush (the event that overflowed the last one) is due.
     fn next_flush_at(&self) -> Option<Instant> {
         (!self.buf.is_empty()).then(|| Instant::now() + self.flush)
+    }
+
+    /// [`Batcher::push`] for an event taken from the queue, then the pacer's turn.
+    fn take(&mut self, ev: Event) {
+        self.push(ev);
+        if let Some(p) = &self.pacer {
+            p.pace();
+        }
     }
 
     /// Filters one event (L3) into the current batch; a rejected event is counted, never sent.
