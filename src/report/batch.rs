@@ -162,11 +162,8 @@ impl Batcher {
                     // What else is queued joins this batch without another turn of the
                     // `select!`, which builds its shutdown, receive and timer futures anew each
                     // time. At most a batch's worth: the shutdown is looked at again after it.
-                    while !self.is_full() {
-                        match self.rx.try_recv() {
-                            Ok(ev) => self.take(ev),
-                            Err(_) => break,
-                        }
+                    while let Some(ev) = self.next_queued() {
+                        self.take(ev);
                     }
                     if self.is_full() && !self.backing_off() {
                         self.flush().await;
@@ -202,6 +199,14 @@ impl Batcher {
     /// When the batch left after a flush (the event that overflowed the last one) is due.
     fn next_flush_at(&self) -> Option<Instant> {
         (!self.buf.is_empty()).then(|| Instant::now() + self.flush)
+    }
+
+    /// The next event already queued, if the batch has room for it.
+    fn next_queued(&mut self) -> Option<Event> {
+        if self.is_full() {
+            return None;
+        }
+        self.rx.try_recv().ok()
     }
 
     /// [`Batcher::push`] for an event taken from the queue, then the pacer's turn.
@@ -249,11 +254,8 @@ impl Batcher {
     async fn drain(&mut self) {
         self.rx.close();
         loop {
-            while !self.is_full() {
-                match self.rx.try_recv() {
-                    Ok(ev) => self.push(ev),
-                    Err(_) => break,
-                }
+            while let Some(ev) = self.next_queued() {
+                self.push(ev);
             }
             if self.buf.is_empty() {
                 // Health counts with no event left to travel with go alone, once, if the
