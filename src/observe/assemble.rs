@@ -306,14 +306,12 @@ impl<S: EventSink> Observer<S> {
                 rail: "mcp".into(),
                 action: a.tool,
                 registry_version: a.registry_version,
-                // Inserted one by one: `collect` sorts a buffer first and bulk-builds the tree,
-                // a cost made for many entries where a call has one to three (keys are unique,
-                // so the map is the same).
+                // Extended, which inserts one by one: `collect` sorts a buffer first and
+                // bulk-builds the tree, a cost made for many entries where a call has one to
+                // three (keys are unique, so the map is the same).
                 fields: a.fields.map(|f| {
                     let mut m = Map::new();
-                    for (k, v) in f.into_vec() {
-                        m.insert(k, v);
-                    }
+                    m.extend(f.into_vec());
                     m
                 }),
                 tool_def: a.facts.tool_def,
