@@ -125,13 +125,26 @@ pub struct Pending {
 
 /// The requests waiting for an answer, and in each scope the order they came in, so that a full
 /// scope drops its oldest in amortised O(1): a queue of keys beside the map. A key answered
-/// since it was queued stays in the queue until met at its front or swept out (once stale keys
-/// are half the queue).
-#[derive(Debug, Default)]
+/// since it was queued leaves at once when it was the oldest; otherwise it stays in the queue
+/// until met at its front or swept out (once stale keys are half the queue).
+#[derive(Debug)]
 pub(super) struct OpenRequests {
     map: HashMap<Key, Pending>,
     order: CounterMap<StreamId, Order>,
     next_seq: u64,
+    /// Most open per scope: [`MAX_OPEN_PER_SCOPE`], smaller in tests that fill a scope.
+    cap: usize,
+}
+
+impl Default for OpenRequests {
+    fn default() -> Self {
+        OpenRequests {
+            map: HashMap::default(),
+            order: CounterMap::default(),
+            next_seq: 0,
+            cap: MAX_OPEN_PER_SCOPE,
+        }
+    }
 }
 
 /// One scope's open requests, oldest first.
@@ -163,6 +176,10 @@ impl OpenRequests {
             if o.open == 0 {
                 // Every key left is stale; the queue keeps its buffer for the next request.
                 o.queue.clear();
+            } else if o.queue.front().is_some_and(|(_, seq)| *seq == p.seq) {
+                // Answered oldest first, as most servers answer: its entry leaves now, by a
+                // comparison, instead of at a sweep that looks every stale key up again.
+                o.queue.pop_front();
             }
         }
         Some(p)
@@ -190,7 +207,7 @@ impl OpenRequests {
             map.get(k).is_some_and(|p| p.seq == *s)
         };
         let mut evicted = None;
-        if order.open > MAX_OPEN_PER_SCOPE {
+        if order.open > self.cap {
             while let Some(entry) = order.queue.pop_front() {
                 if is_open(map, &entry) {
                     evicted = map.remove_entry(&entry.0);
@@ -729,5 +746,84 @@ impl<S: EventSink> Observer<S> {
             }
         };
         self.finish_action_answered(aid, outcome, seen, Some(answered));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(scope: u64, id: i128) -> Key {
+        Key {
+            scope: StreamId(scope),
+            dir: Direction::ClientToServer,
+            id: RpcId::Num(id),
+        }
+    }
+
+    #[test]
+    fn a_queue_answered_oldest_first_holds_only_what_is_open() {
+        let mut open = OpenRequests::default();
+        let now = Instant::now();
+        for id in 0..3 {
+            open.insert(key(1, id), PendingKind::Other, now);
+        }
+        for id in 3..10_000 {
+            open.insert(key(1, id), PendingKind::Other, now);
+            assert!(open.remove(&key(1, id - 3)).is_some());
+            let order = &open.order[&StreamId(1)];
+            assert_eq!((order.open, order.queue.len()), (3, 3));
+        }
+    }
+
+    proptest! {
+        /// Against a model (a list of open keys, oldest first): whatever order requests are
+        /// answered in and whichever ids come back, the queue evicts exactly the oldest open
+        /// request of a full scope, and counts what is open.
+        #[test]
+        fn the_oldest_open_request_is_the_one_evicted(
+            ops in proptest::collection::vec((0u64..2, 0i128..24, any::<bool>()), 1..600)
+        ) {
+            let cap = 16;
+            let mut open = OpenRequests { cap, ..OpenRequests::default() };
+            let mut model: Vec<Key> = Vec::new();
+            let now = Instant::now();
+            for (i, (scope, id, insert)) in ops.into_iter().enumerate() {
+                // Every third insert is a fresh id, never answered: the scopes fill up.
+                let k = if insert && i % 3 == 0 {
+                    key(scope, 1_000 + i as i128)
+                } else {
+                    key(scope, id)
+                };
+                if insert && !open.contains(&k) {
+                    let evicted = open.insert(k.clone(), PendingKind::Other, now);
+                    model.push(k.clone());
+                    let in_scope: Vec<usize> = model
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, m)| m.scope == k.scope)
+                        .map(|(j, _)| j)
+                        .collect();
+                    if in_scope.len() > cap {
+                        let oldest = model.remove(in_scope[0]);
+                        prop_assert_eq!(evicted.map(|(e, _)| e), Some(oldest));
+                    } else {
+                        prop_assert!(evicted.is_none());
+                    }
+                } else if !insert {
+                    let was = model.iter().position(|m| *m == k);
+                    prop_assert_eq!(open.remove(&k).is_some(), was.is_some());
+                    if let Some(j) = was {
+                        model.remove(j);
+                    }
+                }
+                prop_assert_eq!(open.len(), model.len());
+                for s in 0..2 {
+                    let n = model.iter().filter(|m| m.scope == StreamId(s)).count();
+                    prop_assert_eq!(open.open_in(StreamId(s)), n);
+                }
+            }
+        }
     }
 }
