@@ -211,16 +211,14 @@ impl FileSink {
     }
 
     async fn append(&self, body: &Bytes) -> Result<(), DeliveryError> {
-        let mut line = Vec::with_capacity(body.len() + 1);
-        line.extend_from_slice(body);
-        line.push(b'\n');
+        let body = body.clone();
         let path = self.path.clone();
         // Only one batch is ever in flight, so the lock is never contended. A panic mid-write
         // loses the handle with the blocking task, and the next batch reopens the file.
         let file = crate::lock::lock(&self.file).take();
         // File I/O blocks: it runs on the blocking pool, never on the runtime's worker.
         let res = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
-            use std::io::Write;
+            use std::io::{IoSlice, Write};
             let mut f = match file {
                 Some(f) => f,
                 None => std::fs::OpenOptions::new()
@@ -228,8 +226,22 @@ impl FileSink {
                     .append(true)
                     .open(&path)?,
             };
-            // One write_all of the whole line on an O_APPEND file.
-            f.write_all(&line)?;
+            // The batch and its newline in one `writev` on an O_APPEND file: appended whole,
+            // as one `write` of the line would be, without copying the batch to add a byte.
+            let parts = [IoSlice::new(&body), IoSlice::new(b"\n")];
+            let done = loop {
+                match f.write_vectored(&parts) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => break r?,
+                }
+            };
+            // A short write (a full disk, a signal) goes on as `write_all` would have.
+            if done < body.len() {
+                f.write_all(&body[done..])?;
+            }
+            if done <= body.len() {
+                f.write_all(b"\n")?;
+            }
             Ok(f)
         })
         .await;
