@@ -483,7 +483,7 @@ fn sensor_output(args: &Map<String, Value>, meta: Option<Value>, blob: Option<us
         health: None,
     };
     let bytes = body.take(&sensor, 0).expect("batch encodes");
-    String::from_utf8(bytes).expect("a batch is UTF-8")
+    String::from_utf8(bytes.to_vec()).expect("a batch is UTF-8")
 }
 
 /// Plants each canary in a call's arguments (one per key, nested or not) and the on-behalf-of
@@ -626,7 +626,7 @@ fn server_text_output(canaries: &[Canary]) -> String {
         transport: "stdio".into(),
         health: Some(Default::default()),
     };
-    String::from_utf8(body.take(&sensor, 0).expect("batch encodes")).expect("UTF-8")
+    String::from_utf8(body.take(&sensor, 0).expect("batch encodes").to_vec()).expect("UTF-8")
 }
 
 proptest! {

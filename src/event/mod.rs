@@ -14,6 +14,7 @@ pub mod privacy;
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -300,10 +301,17 @@ pub const BATCH_VERSION: u32 = 2;
 /// sent, because `dropped` is only known then. Events go in already filtered ([`filter_event`]).
 #[derive(Debug, Default)]
 pub struct BatchBody {
-    /// The events so far, comma-separated, without the brackets.
-    events: Vec<u8>,
+    /// [`HEAD_ROOM`] bytes kept free, then the events so far, comma-separated, without the
+    /// brackets; empty before the first event.
+    buf: Vec<u8>,
     count: usize,
 }
+
+/// Bytes kept free in front of a batch's events for the envelope's head, so that
+/// [`BatchBody::take`] writes the head there instead of copying every event behind it. The
+/// longest head the sensor writes (every health count at its cap) is under 400 bytes; a longer
+/// one would be copied the old way.
+const HEAD_ROOM: usize = 512;
 
 /// The envelope's fields before `events`, in the order they are sent.
 #[derive(Serialize)]
@@ -317,17 +325,20 @@ impl BatchBody {
     /// Appends one filtered event. serde_json has no error to give for an [`Event`] (its maps
     /// have string keys); were there one, the body would be left as it was.
     pub fn push(&mut self, event: &Event) -> Result<(), serde_json::Error> {
-        let mark = self.events.len();
-        if self.count > 0 {
-            self.events.push(b',');
+        if self.buf.is_empty() {
+            self.buf.resize(HEAD_ROOM, 0);
         }
-        match write_event(&mut self.events, event) {
+        let mark = self.buf.len();
+        if self.count > 0 {
+            self.buf.push(b',');
+        }
+        match write_event(&mut self.buf, event) {
             Ok(()) => {
                 self.count += 1;
                 Ok(())
             }
             Err(e) => {
-                self.events.truncate(mark);
+                self.buf.truncate(mark);
                 Err(e)
             }
         }
@@ -342,14 +353,19 @@ impl BatchBody {
         event: &Event,
         max_event_bytes: usize,
     ) -> Result<bool, serde_json::Error> {
-        let (mark, count) = (self.events.len(), self.count);
+        let (mark, count) = (self.buf.len(), self.count);
         self.push(event)?;
-        if count > 0 && self.events.len() > max_event_bytes {
-            self.events.truncate(mark);
+        if count > 0 && self.events().len() > max_event_bytes {
+            self.buf.truncate(mark);
             self.count = count;
             return Ok(false);
         }
         Ok(true)
+    }
+
+    /// The events' bytes so far.
+    fn events(&self) -> &[u8] {
+        self.buf.get(HEAD_ROOM..).unwrap_or_default()
     }
 
     /// Events added since the last [`BatchBody::take`].
@@ -363,28 +379,45 @@ impl BatchBody {
 
     /// Forgets the events added so far.
     pub fn clear(&mut self) {
-        self.events.clear();
+        self.buf.clear();
         self.count = 0;
     }
 
-    /// The whole batch as sent (envelope version [`BATCH_VERSION`]); empties the body.
-    pub fn take(
-        &mut self,
-        sensor: &SensorInfo,
-        dropped: u64,
-    ) -> Result<Vec<u8>, serde_json::Error> {
+    /// The whole batch as sent (envelope version [`BATCH_VERSION`]); empties the body. The
+    /// events are not copied: the head goes into the room before them and the buffer leaves
+    /// with the batch. The next batch starts in a buffer the size of this one, so a burst's
+    /// large buffer goes with the burst's last batch.
+    pub fn take(&mut self, sensor: &SensorInfo, dropped: u64) -> Result<Bytes, serde_json::Error> {
         let head = serde_json::to_vec(&BatchHead {
             v: BATCH_VERSION,
             sensor,
             dropped,
         })?;
         // `head` is a JSON object: `{…}`. The events go in before its closing brace.
-        let open = head.len().saturating_sub(1);
-        let mut out = Vec::with_capacity(head.len() + self.events.len() + 16);
-        out.extend_from_slice(&head[..open]);
-        out.extend_from_slice(b",\"events\":[");
-        out.extend_from_slice(&self.events);
-        out.extend_from_slice(b"]}");
+        let head = &head[..head.len().saturating_sub(1)];
+        const LEAD: &[u8] = b",\"events\":[";
+        const TAIL: &[u8] = b"]}";
+        let room = HEAD_ROOM.checked_sub(head.len() + LEAD.len());
+        let out = match room {
+            Some(at) if !self.buf.is_empty() => {
+                let next = Vec::with_capacity(self.buf.len());
+                let mut out = std::mem::replace(&mut self.buf, next);
+                out[at..at + head.len()].copy_from_slice(head);
+                out[at + head.len()..HEAD_ROOM].copy_from_slice(LEAD);
+                out.extend_from_slice(TAIL);
+                Bytes::from(out).slice(at..)
+            }
+            _ => {
+                let events = self.events();
+                let mut out =
+                    Vec::with_capacity(head.len() + LEAD.len() + events.len() + TAIL.len());
+                out.extend_from_slice(head);
+                out.extend_from_slice(LEAD);
+                out.extend_from_slice(events);
+                out.extend_from_slice(TAIL);
+                Bytes::from(out)
+            }
+        };
         self.clear();
         Ok(out)
     }
@@ -718,6 +751,57 @@ mod tests {
             assert!(
                 events.iter().all(|e| *e == want),
                 "each event as L3 leaves it"
+            );
+        }
+    }
+
+    /// The head goes into the room before the events when it fits (the longest head the sensor
+    /// can write does) and is copied in front of them when it does not; both give the same
+    /// batch, and the body is reusable after either.
+    #[test]
+    fn a_batch_is_the_same_whether_its_head_fits_the_room_or_not() {
+        let ev: Event =
+            serde_json::from_value(filter::tests::sample()).expect("the sample is an Event");
+        let kept = filter_event(ev).expect("passes L3");
+        let full = health::MAX_HEALTH_COUNT;
+        let longest = SensorInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            transport: "stdio".into(),
+            health: Some(health::Health {
+                stdout_non_json: full,
+                oversize_frames: full,
+                orphan_responses: full,
+                unobserved: full,
+                tap_dropped_bytes: full,
+            }),
+        };
+        let head = serde_json::to_vec(&BatchHead {
+            v: BATCH_VERSION,
+            sensor: &longest,
+            dropped: u64::MAX,
+        })
+        .expect("encodes");
+        assert!(
+            head.len() - 1 + b",\"events\":[".len() <= HEAD_ROOM,
+            "the longest head the sensor writes fits the room: {} bytes",
+            head.len()
+        );
+        let too_long = SensorInfo {
+            version: "9".repeat(HEAD_ROOM),
+            ..longest.clone()
+        };
+        let mut body = BatchBody::default();
+        for sensor in [&longest, &too_long, &longest] {
+            for _ in 0..3 {
+                body.push(&kept).expect("encodes");
+            }
+            let bytes = body.take(sensor, u64::MAX).expect("encodes");
+            assert!(body.is_empty() && body.events().is_empty());
+            let batch: Value = serde_json::from_slice(&bytes).expect("a batch is JSON");
+            let want_events = vec![serde_json::to_value(&kept).expect("encodes"); 3];
+            assert_eq!(
+                batch,
+                json!({"v": 2, "sensor": sensor, "dropped": u64::MAX, "events": want_events})
             );
         }
     }

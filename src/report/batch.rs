@@ -354,7 +354,7 @@ impl Batcher {
             health: Some(self.pending_health),
         };
         let body = match self.buf.take(&sensor, self.pending_dropped) {
-            Ok(b) => Bytes::from(b),
+            Ok(b) => b,
             Err(e) => {
                 self.lose(
                     n,
