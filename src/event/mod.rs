@@ -385,7 +385,7 @@ impl BatchBody {
 
     /// The whole batch as sent (envelope version [`BATCH_VERSION`]); empties the body. The
     /// events are not copied: the head goes into the room before them and the buffer leaves
-    /// with the batch. The next batch starts in a buffer the size of this one, so a burst's
+    /// with the batch. The next batch starts in a buffer a little larger than this one, so a burst's
     /// large buffer goes with the burst's last batch.
     pub fn take(&mut self, sensor: &SensorInfo, dropped: u64) -> Result<Bytes, serde_json::Error> {
         let head = serde_json::to_vec(&BatchHead {
@@ -400,7 +400,10 @@ impl BatchBody {
         let room = HEAD_ROOM.checked_sub(head.len() + LEAD.len());
         let out = match room {
             Some(at) if !self.buf.is_empty() => {
-                let next = Vec::with_capacity(self.buf.len());
+                // With room for a batch a little longer, and its closing bracket: a buffer that
+                // grows copies what it holds.
+                let len = self.buf.len();
+                let next = Vec::with_capacity(len + len / 16 + TAIL.len());
                 let mut out = std::mem::replace(&mut self.buf, next);
                 out[at..at + head.len()].copy_from_slice(head);
                 out[at + head.len()..HEAD_ROOM].copy_from_slice(LEAD);
