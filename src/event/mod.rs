@@ -385,8 +385,8 @@ impl BatchBody {
 
     /// The whole batch as sent (envelope version [`BATCH_VERSION`]); empties the body. The
     /// events are not copied: the head goes into the room before them and the buffer leaves
-    /// with the batch. The next batch starts in a buffer a little larger than this one, so a burst's
-    /// large buffer goes with the burst's last batch.
+    /// with the batch. The next batch starts in a buffer a little larger than this one, so a
+    /// burst's large buffer goes with the burst's last batch.
     pub fn take(&mut self, sensor: &SensorInfo, dropped: u64) -> Result<Bytes, serde_json::Error> {
         let head = serde_json::to_vec(&BatchHead {
             v: BATCH_VERSION,
