@@ -1,7 +1,7 @@
 //! What the observer's work costs per call, in-process: the stdio benchmark's small
-//! `tools/call` (request and answer frames as the mock server writes them) fed straight to an
-//! [`Observer`], each event it makes checked by the L3 filter and written into a batch body, as
-//! the reporter does. No relay, no threads, no tap, no scheduler: one thread doing only the
+//! `tools/call` (the driver's requests and the mock server's answers, from
+//! `bench/stdio/roles.rs`) fed straight to an [`Observer`], each event it makes checked by the
+//! L3 filter and written into a batch body, as the reporter does. No relay, no threads, no tap, no scheduler: one thread doing only the
 //! observer's and the batcher's work, so the figure moves with that work and little else.
 //!
 //! Reports, per call: CPU time (the thread's own clock; median of the rounds, with min and max)
@@ -11,6 +11,12 @@
 //!
 //! `cargo bench --bench observe [-- --rounds N]`. It measures and reports; it never fails on a
 //! figure. See bench/README.md ("The observer alone").
+
+// The stdio benchmark's driver requests and mock server, whose bytes this feeds the observer.
+// Only the request builders and `answer` are used here.
+#[allow(dead_code)]
+#[path = "stdio/roles.rs"]
+mod roles;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,19 +103,23 @@ fn config() -> ObserverConfig {
     }
 }
 
-/// The frames of `n` calls, ids from `first`: what the stdio benchmark's driver and mock server
-/// write (bench/stdio/roles.rs).
-fn frames(first: usize, n: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    (first..first + n)
-        .map(|id| {
-            let req = format!(
-                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"amount_cents\":4900,\"currency\":\"EUR\"}}}}}}"
-            );
-            let resp = format!(
-                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\"ok\"}}],\"isError\":false}}}}"
-            );
-            (req.into_bytes(), resp.into_bytes())
-        })
+/// A request line as the stdio benchmark's driver writes it, and the mock server's answer,
+/// each without its newline (one frame, as the splitter hands it over).
+fn exchange(request: &str) -> (Vec<u8>, Vec<u8>) {
+    let req = request.trim_end().as_bytes().to_vec();
+    let (mut resp, mut payload) = (Vec::new(), Vec::new());
+    assert!(
+        roles::answer(&req, &mut resp, &mut payload),
+        "a request is answered"
+    );
+    resp.pop();
+    (req, resp)
+}
+
+/// The frames of `n` `echo` calls, ids from `first`.
+fn frames(first: u64, n: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    (first..first + n as u64)
+        .map(|id| exchange(&roles::echo_request(id)))
         .collect()
 }
 
@@ -144,15 +154,11 @@ fn round(calls: usize, depth: usize) -> Round {
     let at = Instant::now();
     let (c2s, s2c) = (Direction::ClientToServer, Direction::ServerToClient);
     let s = StreamId(0);
-    obs.on_frame(s, c2s, at, br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"bench-driver","version":"1.0.0"}}}"#);
-    obs.on_frame(s, s2c, at, br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"bench-server","version":"1.0.0"}}}"#);
-    obs.on_frame(
-        s,
-        c2s,
-        at,
-        br#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#,
-    );
-    obs.on_frame(s, s2c, at, br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"echo","description":"Answers ok","inputSchema":{"type":"object","properties":{"amount_cents":{"type":"integer"},"currency":{"type":"string"}}}},{"name":"blob","description":"Answers N bytes","inputSchema":{"type":"object","properties":{"bytes":{"type":"integer"}}}}]}}"#);
+    let tools_list = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+    for (req, resp) in [exchange(roles::INITIALIZE), exchange(tools_list)] {
+        obs.on_frame(s, c2s, at, &req);
+        obs.on_frame(s, s2c, at, &resp);
+    }
     let frames = frames(2, calls);
 
     let (cpu0, allocs0) = (thread_cpu(), ALLOCATIONS.load(Ordering::Relaxed));

@@ -26,6 +26,23 @@ fn raw_stdout() -> io::Result<File> {
     Ok(File::from(io::stdout().as_fd().try_clone_to_owned()?))
 }
 
+/// The driver's `tools/call` of `echo` (a small answer), as one line.
+pub fn echo_request(id: u64) -> String {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"amount_cents\":4900,\"currency\":\"EUR\"}}}}}}\n"
+    )
+}
+
+/// The driver's `tools/call` of `blob` (an answer of `bytes` bytes of text), as one line.
+pub fn blob_request(id: u64, bytes: usize) -> String {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"blob\",\"arguments\":{{\"bytes\":{bytes}}}}}}}\n"
+    )
+}
+
+/// The driver's `initialize` request (id 0).
+pub const INITIALIZE: &str = "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"bench-driver\",\"version\":\"1.0.0\"}}}\n";
+
 /// The numeric `"id":N` of a request line the harness wrote, or `None` for a notification.
 fn request_id(line: &[u8]) -> Option<&[u8]> {
     let at = find(line, b"\"id\":")? + 5;
@@ -112,50 +129,56 @@ fn serve(mode: ServerMode) -> io::Result<()> {
         if input.read_until(b'\n', &mut line)? == 0 {
             return Ok(());
         }
-        let Some(id) = request_id(&line) else {
-            continue; // notifications get no answer
-        };
-        let is_call = find(&line, b"\"method\":\"tools/call\"").is_some();
-        if is_call && mode == ServerMode::Mute {
+        if mode == ServerMode::Mute && find(&line, b"\"method\":\"tools/call\"").is_some() {
             continue;
         }
-        resp.clear();
-        resp.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-        resp.extend_from_slice(id);
-        if is_call {
-            if find(&line, b"\"name\":\"blob\"").is_some() {
-                let n = blob_size(&line);
-                if payload.len() < n {
-                    payload.resize(n, b'a');
-                }
-                resp.extend_from_slice(b",\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"");
-                resp.extend_from_slice(&payload[..n]);
-                resp.extend_from_slice(b"\"}],\"isError\":false}}\n");
-            } else {
-                resp.extend_from_slice(
-                    b",\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"ok\"}],\"isError\":false}}\n",
-                );
-            }
-        } else if find(&line, b"\"method\":\"initialize\"").is_some() {
-            resp.extend_from_slice(b",\"result\":{\"protocolVersion\":\"");
-            resp.extend_from_slice(PROTOCOL_VERSION.as_bytes());
-            resp.extend_from_slice(
-                b"\",\"capabilities\":{\"tools\":{}},\"serverInfo\":{\"name\":\"bench-server\",\"version\":\"1.0.0\"}}}\n",
-            );
-        } else if find(&line, b"\"method\":\"tools/list\"").is_some() {
-            resp.extend_from_slice(
-                b",\"result\":{\"tools\":[{\"name\":\"echo\",\"description\":\"Answers ok\",\"inputSchema\":{\"type\":\"object\",\"properties\":{\"amount_cents\":{\"type\":\"integer\"},\"currency\":{\"type\":\"string\"}}}},{\"name\":\"blob\",\"description\":\"Answers N bytes\",\"inputSchema\":{\"type\":\"object\",\"properties\":{\"bytes\":{\"type\":\"integer\"}}}}]}}\n",
-            );
-        } else {
-            resp.extend_from_slice(
-                b",\"error\":{\"code\":-32601,\"message\":\"Method not found\"}}\n",
-            );
+        if !answer(&line, &mut resp, &mut payload) {
+            continue; // notifications get no answer
         }
         out.write_all(&resp)?;
         if mode == ServerMode::OneShot && find(&line, b"\"method\":\"initialize\"").is_some() {
             return Ok(());
         }
     }
+}
+
+/// The mock server's answer to one request line, in `resp` (a line, emptied first); false for
+/// a notification, which gets none. `payload`: the `blob` answers' text, kept between calls.
+pub fn answer(line: &[u8], resp: &mut Vec<u8>, payload: &mut Vec<u8>) -> bool {
+    let Some(id) = request_id(line) else {
+        return false;
+    };
+    resp.clear();
+    resp.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    resp.extend_from_slice(id);
+    if find(line, b"\"method\":\"tools/call\"").is_some() {
+        if find(line, b"\"name\":\"blob\"").is_some() {
+            let n = blob_size(line);
+            if payload.len() < n {
+                payload.resize(n, b'a');
+            }
+            resp.extend_from_slice(b",\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"");
+            resp.extend_from_slice(&payload[..n]);
+            resp.extend_from_slice(b"\"}],\"isError\":false}}\n");
+        } else {
+            resp.extend_from_slice(
+                b",\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"ok\"}],\"isError\":false}}\n",
+            );
+        }
+    } else if find(line, b"\"method\":\"initialize\"").is_some() {
+        resp.extend_from_slice(b",\"result\":{\"protocolVersion\":\"");
+        resp.extend_from_slice(PROTOCOL_VERSION.as_bytes());
+        resp.extend_from_slice(
+            b"\",\"capabilities\":{\"tools\":{}},\"serverInfo\":{\"name\":\"bench-server\",\"version\":\"1.0.0\"}}}\n",
+        );
+    } else if find(line, b"\"method\":\"tools/list\"").is_some() {
+        resp.extend_from_slice(
+            b",\"result\":{\"tools\":[{\"name\":\"echo\",\"description\":\"Answers ok\",\"inputSchema\":{\"type\":\"object\",\"properties\":{\"amount_cents\":{\"type\":\"integer\"},\"currency\":{\"type\":\"string\"}}}},{\"name\":\"blob\",\"description\":\"Answers N bytes\",\"inputSchema\":{\"type\":\"object\",\"properties\":{\"bytes\":{\"type\":\"integer\"}}}}]}}\n",
+        );
+    } else {
+        resp.extend_from_slice(b",\"error\":{\"code\":-32601,\"message\":\"Method not found\"}}\n");
+    }
+    true
 }
 
 /// The minimal byte relay the wrapper is compared with: spawn the server, copy stdin → child and

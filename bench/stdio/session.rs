@@ -18,6 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::roles::ServerMode;
+pub use crate::roles::{blob_request, echo_request, INITIALIZE};
 
 /// Driver read buffer: large enough that a 5 MB response costs few syscalls on our side.
 const DRIVER_READ_BUF: usize = 64 * 1024;
@@ -208,21 +209,6 @@ pub struct Session {
     /// `tools/call` requests sent so far (the events the observer should produce).
     pub calls: u64,
 }
-
-pub fn echo_request(id: u64) -> String {
-    format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"amount_cents\":4900,\"currency\":\"EUR\"}}}}}}\n"
-    )
-}
-
-pub fn blob_request(id: u64, bytes: usize) -> String {
-    format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"blob\",\"arguments\":{{\"bytes\":{bytes}}}}}}}\n"
-    )
-}
-
-/// The driver's `initialize` request (id 0).
-pub const INITIALIZE: &str = "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"bench-driver\",\"version\":\"1.0.0\"}}}\n";
 
 pub fn response_prefix(id: u64) -> String {
     format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},")
