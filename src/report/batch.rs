@@ -154,7 +154,7 @@ impl Batcher {
             };
             match wake {
                 Wake::Event(ev) => {
-                    self.take(ev);
+                    self.push_paced(ev);
                     if flush_at.is_none() && !self.buf.is_empty() {
                         // Age-based: no event waits longer than the flush interval.
                         flush_at = Some(Instant::now() + self.flush);
@@ -163,7 +163,7 @@ impl Batcher {
                     // `select!`, which builds its shutdown, receive and timer futures anew each
                     // time. At most a batch's worth: the shutdown is looked at again after it.
                     while let Some(ev) = self.next_queued() {
-                        self.take(ev);
+                        self.push_paced(ev);
                     }
                     if self.is_full() && !self.backing_off() {
                         self.flush().await;
@@ -210,7 +210,7 @@ impl Batcher {
     }
 
     /// [`Batcher::push`] for an event taken from the queue, then the pacer's turn.
-    fn take(&mut self, ev: Event) {
+    fn push_paced(&mut self, ev: Event) {
         self.push(ev);
         if let Some(p) = &self.pacer {
             p.pace();
