@@ -313,6 +313,10 @@ pub struct BatchBody {
 /// one would be copied the old way.
 const HEAD_ROOM: usize = 512;
 
+/// What goes between the head and the events, and after the events.
+const LEAD: &[u8] = b",\"events\":[";
+const TAIL: &[u8] = b"]}";
+
 /// The envelope's fields before `events`, in the order they are sent.
 #[derive(Serialize)]
 struct BatchHead<'a> {
@@ -395,8 +399,6 @@ impl BatchBody {
         })?;
         // `head` is a JSON object: `{…}`. The events go in before its closing brace.
         let head = &head[..head.len().saturating_sub(1)];
-        const LEAD: &[u8] = b",\"events\":[";
-        const TAIL: &[u8] = b"]}";
         let room = HEAD_ROOM.checked_sub(head.len() + LEAD.len());
         let out = match room {
             Some(at) if !self.buf.is_empty() => {
@@ -785,7 +787,7 @@ mod tests {
         })
         .expect("encodes");
         assert!(
-            head.len() - 1 + b",\"events\":[".len() <= HEAD_ROOM,
+            head.len() - 1 + LEAD.len() <= HEAD_ROOM,
             "the longest head the sensor writes fits the room: {} bytes",
             head.len()
         );
