@@ -18,7 +18,7 @@
 
 use std::sync::OnceLock;
 
-use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 use serde_json::{Number, Value};
 
 use crate::token::is_b64url;
@@ -208,10 +208,29 @@ fn automaton(
     patterns: &[&str],
     ascii_ci: bool,
 ) -> Option<&'static AhoCorasick> {
+    build_once(cell, patterns, ascii_ci, MatchKind::Standard)
+}
+
+/// Builds an automaton into `cell` the first time it is asked for. A contiguous NFA, not the
+/// DFA the builder picks by default for lists this short: every process builds its automata
+/// anew, on the observer's thread while a short session's server is starting, and the DFAs'
+/// construction was a third of that thread's CPU in a one-shot session (the key deny list's
+/// 179 µs against 66). A search of a text never seen before costs about twice as much (215
+/// against 108 ns for 49 bytes); the sensor searches keys, metadata and captured values of at
+/// most 512 bytes, and the first two repeat from call to call and go through the thread's
+/// `recall`. Either kind searches in time linear in the text, the ingest's longer untrusted
+/// strings included (`bench/README.md`, "Automata built for every process").
+fn build_once(
+    cell: &'static OnceLock<Option<AhoCorasick>>,
+    patterns: &[&str],
+    ascii_ci: bool,
+    match_kind: MatchKind,
+) -> Option<&'static AhoCorasick> {
     cell.get_or_init(|| {
         AhoCorasickBuilder::new()
             .ascii_case_insensitive(ascii_ci)
-            .match_kind(MatchKind::Standard)
+            .kind(Some(AhoCorasickKind::ContiguousNFA))
+            .match_kind(match_kind)
             .build(patterns)
             .ok()
     })
@@ -864,19 +883,13 @@ fn contains_contextual(text: &str) -> bool {
     false
 }
 
-/// Like [`automaton`], for a pattern list built at run time (ASCII case ignored).
+/// Like [`automaton`], for a pattern list built at run time (ASCII case ignored), whose matches
+/// are asked for one by one.
 fn automaton_of(
     cell: &'static OnceLock<Option<AhoCorasick>>,
     patterns: &[&str],
 ) -> Option<&'static AhoCorasick> {
-    cell.get_or_init(|| {
-        AhoCorasickBuilder::new()
-            .ascii_case_insensitive(true)
-            .match_kind(MatchKind::LeftmostFirst)
-            .build(patterns)
-            .ok()
-    })
-    .as_ref()
+    build_once(cell, patterns, true, MatchKind::LeftmostFirst)
 }
 
 /// Maximal runs of ASCII letters and digits (the byte ranges), split at anything else.
