@@ -1,8 +1,9 @@
 //! What the observer's work costs per call, in-process: the stdio benchmark's small
 //! `tools/call` (the driver's requests and the mock server's answers, from
 //! `bench/stdio/roles.rs`) fed straight to an [`Observer`], each event it makes checked by the
-//! L3 filter and written into a batch body, as the reporter does. No relay, no threads, no tap, no scheduler: one thread doing only the
-//! observer's and the batcher's work, so the figure moves with that work and little else.
+//! L3 filter and written into a batch body, as the reporter does. No relay, no threads, no tap,
+//! no scheduler: one thread doing only the observer's and the batcher's work, so the figure
+//! moves with that work and little else.
 //!
 //! Reports, per call: CPU time (the thread's own clock; median of the rounds, with min and max)
 //! and heap allocations (counted by the allocator below, the same in every round: a figure that
