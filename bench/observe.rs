@@ -10,8 +10,9 @@
 //! does not depend on the machine's noise). Two shapes: one call in flight at a time
 //! (sequential) and a thousand (pipelined), each over 50,000 calls a round.
 //!
-//! `cargo bench --bench observe [-- --rounds N]`. It measures and reports; it never fails on a
-//! figure. See bench/README.md ("The observer alone").
+//! `cargo bench --bench observe [-- --rounds N] [--only sequential|pipelined]`. It measures and
+//! reports; it never fails on a figure. See bench/README.md ("The observer alone"), and
+//! `bench/instructions.sh` for the same work counted in instructions.
 
 // The stdio benchmark's driver requests and mock server, whose bytes this feeds the observer.
 // Only the request builders and `answer` are used here.
@@ -190,6 +191,9 @@ fn main() {
     } else {
         (1, SMOKE_CALLS)
     };
+    // `--only sequential|pipelined`: one shape, for `bench/instructions.sh`, which counts the
+    // instructions of every round it runs.
+    let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--rounds" {
@@ -198,6 +202,8 @@ fn main() {
                 .and_then(|r| r.parse().ok())
                 .unwrap_or(rounds)
                 .max(1);
+        } else if a == "--only" {
+            only = args.next();
         }
     }
     let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -217,6 +223,9 @@ fn main() {
         "shape", "CPU µs/call", "(min – max)", "allocations/call", "bytes/call"
     );
     for (name, depth) in [("sequential", 1usize), ("pipelined (1,000)", 1000)] {
+        if only.as_deref().is_some_and(|o| !name.starts_with(o)) {
+            continue;
+        }
         // One round to warm the allocator and the caches, not counted.
         round(calls, depth);
         let mut all: Vec<Round> = (0..rounds).map(|_| round(calls, depth)).collect();
