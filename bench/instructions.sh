@@ -20,9 +20,12 @@ out=$(mktemp -d)
 [ -n "${KEEP:-}" ] && echo "callgrind output kept in $out" || trap 'rm -rf "$out"' EXIT
 shapes=("$@")
 [ ${#shapes[@]} -gt 0 ] || shapes=(sequential pipelined)
-# One warm-up round and one measured round of 50,000 calls each (bench/observe.rs): every call
-# of both goes through `on_message`, so both count.
-calls=100000
+for shape in "${shapes[@]}"; do
+    case "$shape" in
+        sequential | pipelined) ;;
+        *) echo "unknown shape: $shape (sequential or pipelined)" >&2; exit 2 ;;
+    esac
+done
 for shape in "${shapes[@]}"; do
     # From the output directory, with the binary's absolute path (see the annotation below).
     (cd "$out" && valgrind --tool=callgrind --callgrind-out-file="$out/$shape" \
@@ -31,6 +34,10 @@ for shape in "${shapes[@]}"; do
     # Also from there: run where it finds the sources, callgrind_annotate counts an inlined
     # function's callees under other names, and the rows below come out short.
     (cd "$out" && callgrind_annotate --inclusive=yes --threshold=100 "$out/$shape" >"$out/$shape.txt" 2>/dev/null)
+    # One warm-up round and one measured round (bench/observe.rs): every call of both goes
+    # through `on_message`, so both count.
+    per_round=$(grep -o 'observer alone: [0-9]* small' "$out/$shape.log" | grep -o '[0-9]*')
+    calls=$((2 * per_round))
     echo "== $shape: instructions per tools/call (inclusive; rows overlap)"
     python3 - "$out/$shape.txt" "$calls" <<'EOF'
 import re, sys
