@@ -219,10 +219,11 @@ fn automaton(
 /// against 108 ns for 49 bytes); the sensor searches keys, metadata and captured values of at
 /// most 512 bytes, and the first two repeat from call to call and go through the thread's
 /// `recall`. Either kind searches in time linear in the text, the ingest's longer untrusted
-/// strings included (`bench/README.md`, "Automata built for every process").
-fn build_once(
+/// strings included (`bench/README.md`, "Automata built for every process"). `patterns` is
+/// only read on that first time, so a list assembled from others costs nothing afterwards.
+fn build_once<P: AsRef<[u8]>>(
     cell: &'static OnceLock<Option<AhoCorasick>>,
-    patterns: &[&str],
+    patterns: impl IntoIterator<Item = P>,
     ascii_ci: bool,
     match_kind: MatchKind,
 ) -> Option<&'static AhoCorasick> {
@@ -864,7 +865,9 @@ static CONTEXT_AC: OnceLock<Option<AhoCorasick>> = OnceLock::new();
 /// of 6–10 letters and digits with at least 4 digits next to a [`PASSPORT_WORDS`] word). A date
 /// alone (`2026-11-29`) and a code alone are captured.
 fn contains_contextual(text: &str) -> bool {
-    let Some(ac) = automaton_of(&CONTEXT_AC, &[BIRTH_WORDS, PASSPORT_WORDS].concat()) else {
+    // ASCII case ignored; the matches are asked for one by one, leftmost first.
+    let words = BIRTH_WORDS.iter().chain(PASSPORT_WORDS);
+    let Some(ac) = build_once(&CONTEXT_AC, words, true, MatchKind::LeftmostFirst) else {
         return false;
     };
     for m in ac.find_iter(text) {
@@ -881,15 +884,6 @@ fn contains_contextual(text: &str) -> bool {
         }
     }
     false
-}
-
-/// Like [`automaton`], for a pattern list built at run time (ASCII case ignored), whose matches
-/// are asked for one by one.
-fn automaton_of(
-    cell: &'static OnceLock<Option<AhoCorasick>>,
-    patterns: &[&str],
-) -> Option<&'static AhoCorasick> {
-    build_once(cell, patterns, true, MatchKind::LeftmostFirst)
 }
 
 /// Maximal runs of ASCII letters and digits (the byte ranges), split at anything else.
