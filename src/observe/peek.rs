@@ -15,6 +15,11 @@
 //! derive would reject the message), `arguments` included; ids and argument numbers are read
 //! from their text ([`number_id`]): equal numbers are one id however written (`1.0` = `1`), and a
 //! number no float holds (`1e400`) does not fail the message.
+//!
+//! Two readings, one answer: a small message written plainly (no escapes, no number serde would
+//! refuse, shallow) is read by [`plain`]'s single pass, anything else by serde. The plain path
+//! gives up rather than decide anything serde would decide differently, and tests and a fuzz
+//! target hold the two readings equal (bench/README.md, "The peek read in one pass").
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -24,6 +29,8 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use crate::event::privacy::Scalar;
+
+mod plain;
 
 /// A field that was absent, of the expected type, or of another type.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -307,26 +314,30 @@ impl ArgValue<'_> {
 /// not a scalar we capture, and not a reason to lose the call.
 impl<'de: 'a, 'a> Deserialize<'de> for ArgValue<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = raw(d)?;
-        Ok(match text.as_bytes().first() {
-            Some(b'"') => ArgValue::Str(raw_str::<D::Error>(text)?),
-            Some(b't') => ArgValue::Bool(true),
-            Some(b'f') => ArgValue::Bool(false),
-            Some(b) if *b == b'-' || b.is_ascii_digit() => {
-                if let Ok(n) = text.parse::<u64>() {
-                    ArgValue::U64(n)
-                } else if let Ok(n) = text.parse::<i64>() {
-                    ArgValue::I64(n)
-                } else {
-                    match text.parse::<f64>() {
-                        Ok(f) if f.is_finite() => ArgValue::F64(f),
-                        _ => ArgValue::NotScalar,
-                    }
+        arg_value(raw(d)?)
+    }
+}
+
+/// An argument's value from its raw text (both readings of the peek use this one).
+fn arg_value<'a, E: de::Error>(text: &'a str) -> Result<ArgValue<'a>, E> {
+    Ok(match text.as_bytes().first() {
+        Some(b'"') => ArgValue::Str(raw_str::<E>(text)?),
+        Some(b't') => ArgValue::Bool(true),
+        Some(b'f') => ArgValue::Bool(false),
+        Some(b) if *b == b'-' || b.is_ascii_digit() => {
+            if let Ok(n) = text.parse::<u64>() {
+                ArgValue::U64(n)
+            } else if let Ok(n) = text.parse::<i64>() {
+                ArgValue::I64(n)
+            } else {
+                match text.parse::<f64>() {
+                    Ok(f) if f.is_finite() => ArgValue::F64(f),
+                    _ => ArgValue::NotScalar,
                 }
             }
-            _ => ArgValue::NotScalar,
-        })
-    }
+        }
+        _ => ArgValue::NotScalar,
+    })
 }
 
 /// Most top-level argument keys kept per call; the rest are skipped (only allow-listed keys are
@@ -626,18 +637,12 @@ keep_last!(impl<'a> ResultPeek<'a> {
 lenient_struct!(ResultPeek, boxed);
 
 /// A JSON value kept as its text, borrowed from the message (`None`: absent, or not borrowable).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RawContent<'a>(pub Option<&'a serde_json::value::RawValue>);
-
-impl PartialEq for RawContent<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.map(|r| r.get()) == other.0.map(|r| r.get())
-    }
-}
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RawContent<'a>(pub Option<&'a str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for RawContent<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        <&'a serde_json::value::RawValue>::deserialize(d).map(|r| RawContent(Some(r)))
+        <&'a serde_json::value::RawValue>::deserialize(d).map(|r| RawContent(Some(r.get())))
     }
 }
 
@@ -651,7 +656,7 @@ impl RawContent<'_> {
             #[serde(borrow)]
             text: Option<Cow<'b, str>>,
         }
-        let items: Vec<Item<'_>> = serde_json::from_str(self.0?.get()).ok()?;
+        let items: Vec<Item<'_>> = serde_json::from_str(self.0?).ok()?;
         items
             .into_iter()
             .find(|i| i.kind.as_deref() == Some("text"))
@@ -724,16 +729,32 @@ pub fn peek(msg: &[u8]) -> Result<Peek<'_>, PeekError> {
     }
     // A small message that is valid UTF-8 throughout is parsed as text: serde_json then does not
     // check each string it borrows again, and for an ordinary call those checks cost more than
-    // the one pass. A larger message, or one that is not UTF-8, is parsed from its bytes, where
-    // the values it skips are never checked at all. The result is the same either way.
+    // the one pass. Such a message, written plainly, is first read by the plain path, which
+    // gives up on anything serde must decide. A larger message, or one that is not UTF-8, is
+    // parsed from its bytes, where the values it skips are never checked at all. The result is
+    // the same every way.
     let text = (msg.len() <= WHOLE_UTF8_MAX)
         .then(|| std::str::from_utf8(msg).ok())
         .flatten();
+    if let Some(p) = text.and_then(plain::peek) {
+        return Ok(p);
+    }
+    by_serde(msg, text)
+}
+
+fn by_serde<'a>(msg: &'a [u8], text: Option<&'a str>) -> Result<Peek<'a>, PeekError> {
     match text {
         Some(t) => serde_json::from_str::<Peek<'_>>(t),
         None => serde_json::from_slice::<Peek<'_>>(msg),
     }
     .map_err(|_| PeekError::NotJson)
+}
+
+/// An object message as serde alone reads it, and whether the plain path read it too: for the
+/// checks that the two readings agree (the `peek_plain` fuzz target).
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn both_readings(msg: &str) -> (Result<Peek<'_>, PeekError>, Option<Peek<'_>>) {
+    (by_serde(msg.as_bytes(), Some(msg)), plain::peek(msg))
 }
 
 /// Largest message [`peek`] checks as UTF-8 whole before parsing (see there).
