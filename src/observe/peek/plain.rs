@@ -195,47 +195,40 @@ impl<'a> Cursor<'a> {
         depth: usize,
         mut f: impl FnMut(&mut Self, &'a str, usize) -> Option<()>,
     ) -> Option<()> {
-        if depth >= MAX_DEPTH {
-            return None;
-        }
-        self.eat(b'{')?;
-        self.ws();
-        if self.byte()? == b'}' {
-            self.i += 1;
-            return Some(());
-        }
-        loop {
-            let key = self.string()?;
-            self.eat(b':')?;
-            f(self, key, depth + 1)?;
-            self.ws();
-            match self.byte()? {
-                b',' => self.i += 1,
-                b'}' => {
-                    self.i += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
+        self.items(b'{', b'}', depth, |c, d| {
+            let key = c.string()?;
+            c.eat(b':')?;
+            f(c, key, d)
+        })
     }
 
     fn array(&mut self, depth: usize) -> Option<()> {
+        self.items(b'[', b']', depth, Cursor::skip)
+    }
+
+    /// The comma-separated items between `open` and `close`; `item` reads one whole.
+    fn items(
+        &mut self,
+        open: u8,
+        close: u8,
+        depth: usize,
+        mut item: impl FnMut(&mut Self, usize) -> Option<()>,
+    ) -> Option<()> {
         if depth >= MAX_DEPTH {
             return None;
         }
-        self.eat(b'[')?;
+        self.eat(open)?;
         self.ws();
-        if self.byte()? == b']' {
+        if self.byte()? == close {
             self.i += 1;
             return Some(());
         }
         loop {
-            self.skip(depth + 1)?;
+            item(self, depth + 1)?;
             self.ws();
             match self.byte()? {
                 b',' => self.i += 1,
-                b']' => {
+                b if b == close => {
                     self.i += 1;
                     return Some(());
                 }
@@ -318,22 +311,34 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn info(&mut self, depth: usize) -> Option<Info<'a>> {
-        let mut out = Info::default();
-        self.object(depth, |c, key, d| {
-            match key {
-                "name" => out.name = c.string_field(d)?,
-                "version" => out.version = c.string_field(d)?,
-                _ => c.skip(d)?,
-            }
-            Some(())
+    /// An object read into `T`: `set` reads the members it knows and says so; the rest are
+    /// skipped.
+    fn fields<T: Default>(
+        &mut self,
+        depth: usize,
+        mut set: impl FnMut(&mut Self, &mut T, &'a str, usize) -> Option<bool>,
+    ) -> Option<T> {
+        let mut out = T::default();
+        self.object(depth, |c, key, d| match set(c, &mut out, key, d)? {
+            true => Some(()),
+            false => c.skip(d),
         })?;
         Some(out)
     }
 
+    fn info(&mut self, depth: usize) -> Option<Info<'a>> {
+        self.fields(depth, |c, out: &mut Info<'a>, key, d| {
+            match key {
+                "name" => out.name = c.string_field(d)?,
+                "version" => out.version = c.string_field(d)?,
+                _ => return Some(false),
+            }
+            Some(true)
+        })
+    }
+
     fn meta(&mut self, depth: usize) -> Option<Meta<'a>> {
-        let mut out = Meta::default();
-        self.object(depth, |c, key, d| {
+        self.fields(depth, |c, out: &mut Meta<'a>, key, d| {
             match key {
                 "bounded/onBehalfOf" => out.on_behalf_of = c.string_field(d)?,
                 "io.modelcontextprotocol/protocolVersion" => {
@@ -345,11 +350,10 @@ impl<'a> Cursor<'a> {
                 "io.modelcontextprotocol/requestState" => out.request_state = c.string_field(d)?,
                 "traceparent" => out.traceparent = c.string_field(d)?,
                 "tracestate" => out.tracestate = c.string_field(d)?,
-                _ => c.skip(d)?,
+                _ => return Some(false),
             }
-            Some(())
-        })?;
-        Some(out)
+            Some(true)
+        })
     }
 
     /// Top-level `arguments`: each key once with its last value. Past [`ARGS_SCANNED`] keys,
@@ -371,8 +375,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn params(&mut self, depth: usize) -> Option<Box<Params<'a>>> {
-        let mut out = Box::<Params<'a>>::default();
-        self.object(depth, |c, key, d| {
+        self.fields(depth, |c, out: &mut Box<Params<'a>>, key, d| {
             match key {
                 "name" => out.name = c.string_field(d)?,
                 "arguments" => out.arguments = c.object_field(d, Cursor::args)?,
@@ -388,16 +391,14 @@ impl<'a> Cursor<'a> {
                         _ => c.skip(d).map(|()| serde::de::IgnoredAny),
                     }
                 }
-                _ => c.skip(d)?,
+                _ => return Some(false),
             }
-            Some(())
-        })?;
-        Some(out)
+            Some(true)
+        })
     }
 
     fn result(&mut self, depth: usize) -> Option<Box<ResultPeek<'a>>> {
-        let mut out = Box::<ResultPeek<'a>>::default();
-        self.object(depth, |c, key, d| {
+        self.fields(depth, |c, out: &mut Box<ResultPeek<'a>>, key, d| {
             match key {
                 "isError" => out.is_error = c.bool_field(d)?,
                 "resultType" => out.result_type = c.string_field(d)?,
@@ -409,38 +410,33 @@ impl<'a> Cursor<'a> {
                 "content" => {
                     out.content = RawContent(Some(c.raw(d)?));
                 }
-                _ => c.skip(d)?,
+                _ => return Some(false),
             }
-            Some(())
-        })?;
-        Some(out)
+            Some(true)
+        })
     }
 
     fn result_meta(&mut self, depth: usize) -> Option<ResultMeta<'a>> {
-        let mut out = ResultMeta::default();
-        self.object(depth, |c, key, d| {
+        self.fields(depth, |c, out: &mut ResultMeta<'a>, key, d| {
             match key {
                 "io.modelcontextprotocol/serverInfo" => {
                     out.server_info = c.object_field(d, Cursor::info)?
                 }
-                _ => c.skip(d)?,
+                _ => return Some(false),
             }
-            Some(())
-        })?;
-        Some(out)
+            Some(true)
+        })
     }
 
     fn error(&mut self, depth: usize) -> Option<ErrorPeek<'a>> {
-        let mut out = ErrorPeek::default();
-        self.object(depth, |c, key, d| {
+        self.fields(depth, |c, out: &mut ErrorPeek<'a>, key, d| {
             match key {
                 "code" => out.code = c.int_field(d)?,
                 "message" => out.message = c.string_field(d)?,
-                _ => c.skip(d)?,
+                _ => return Some(false),
             }
-            Some(())
-        })?;
-        Some(out)
+            Some(true)
+        })
     }
 }
 
