@@ -5,7 +5,7 @@
 //!
 //! It never decides alone: on anything outside that plain subset, malformed JSON included, it
 //! gives up (`None`) and serde reads the message. So a message this path accepts is one serde
-//! accepts, read into the same [`Peek`]; the differential property test below and the
+//! accepts, read into the same [`Peek`]; the differential tests below and the
 //! `peek_plain` fuzz target check exactly that. Every rule of the serde reading (a repeated key
 //! keeps its last value, `null` is absent where an object is wanted, ids and argument values read
 //! from their text) holds here because this path builds the same types through the same
@@ -41,7 +41,8 @@ pub(super) fn peek(text: &str) -> Option<Peek<'_>> {
 }
 
 /// The bytes a plain string ends at: its closing quote, or what this path leaves to serde (an
-/// escape, a control character). A table, because this loop is most of the path's work.
+/// escape, a control character). A table: one load per byte where three comparisons took 12 %
+/// more instructions for the whole peek (bench/README.md).
 static ENDS_PLAIN_STRING: [bool; 256] = {
     let mut t = [false; 256];
     let mut b = 0;
