@@ -24,17 +24,16 @@ const MAX_DEPTH: usize = 32;
 /// Reads `text` (one whole message, starting with `{` after whitespace), or gives up.
 pub(super) fn peek(text: &str) -> Option<Peek<'_>> {
     let mut c = Cursor { s: text, i: 0 };
-    let mut p = Peek::default();
-    c.object(0, |c, key, depth| {
+    let p = c.fields(0, |c, p: &mut Peek<'_>, key, d| {
         match key {
-            "id" => p.id = c.id(depth)?,
-            "method" => p.method = c.string_field(depth)?,
-            "params" => p.params = c.object_field(depth, Cursor::params)?,
-            "result" => p.result = c.object_field(depth, Cursor::result)?,
-            "error" => p.error = c.object_field(depth, Cursor::error)?,
-            _ => c.skip(depth)?,
+            "id" => p.id = c.id(d)?,
+            "method" => p.method = c.string_field(d)?,
+            "params" => p.params = c.object_field(d, Cursor::params)?,
+            "result" => p.result = c.object_field(d, Cursor::result)?,
+            "error" => p.error = c.object_field(d, Cursor::error)?,
+            _ => return Some(false),
         }
-        Some(())
+        Some(true)
     })?;
     c.ws();
     (c.i == c.s.len()).then_some(p)
@@ -304,10 +303,10 @@ impl<'a> Cursor<'a> {
     ) -> Option<Lenient<T>> {
         match self.kind()? {
             Kind::Object => read(self, depth).map(Lenient::Ok),
-            Kind::Literal if self.s.as_bytes()[self.i..].starts_with(b"null") => {
-                self.i += 4;
-                Some(Lenient::Absent)
-            }
+            Kind::Literal => Some(match self.literal()? {
+                None => Lenient::Absent,
+                Some(_) => Lenient::Wrong,
+            }),
             _ => self.wrong(depth),
         }
     }
