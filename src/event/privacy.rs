@@ -319,8 +319,7 @@ struct Recalled {
     slots: Vec<(Scan, Box<str>, bool)>,
     /// The slot to replace next, once all are filled.
     next: usize,
-    /// Where to look first: the slot after the last one found. An event's strings are checked
-    /// in the same order every time, so the next one asked for is usually there.
+    /// Where to look first: the slot after the last one found (may be one past the end).
     look: usize,
 }
 
@@ -339,18 +338,21 @@ fn recall(kind: Scan, text: &str, scan: fn(&str) -> bool) -> bool {
     }
     RECALLED.with(|memo| {
         let r = &mut *memo.borrow_mut();
-        let n = r.slots.len();
-        let found = (r.look..n).chain(0..r.look).find(|&i| {
-            let (k, t, _) = &r.slots[i];
-            *k == kind && **t == *text
-        });
+        let same = |(k, t, _): &(Scan, Box<str>, bool)| *k == kind && **t == *text;
+        // An event's strings are asked for in the same order every time: the slot after the
+        // last hit first, then all of them (past the end, `get` misses and the search starts
+        // over at the first slot).
+        let found = match r.slots.get(r.look) {
+            Some(s) if same(s) => Some(r.look),
+            _ => r.slots.iter().position(same),
+        };
         if let Some(i) = found {
-            r.look = if i + 1 == n { 0 } else { i + 1 };
+            r.look = i + 1;
             return r.slots[i].2;
         }
         let verdict = scan(text);
         let entry = (kind, Box::from(text), verdict);
-        if n < RECALL_SLOTS {
+        if r.slots.len() < RECALL_SLOTS {
             r.slots.push(entry);
         } else {
             r.slots[r.next] = entry;
