@@ -81,8 +81,16 @@ pub struct Key {
     pub id: RpcId,
 }
 
+/// How the open requests' keys are hashed: foldhash, seeded at random once per process. The ids
+/// come from the client and the server, so the seed must stay unknown to them (a fixed hash would
+/// let them put thousands of open requests in one probe sequence); SipHash, std's default, cost
+/// 476 instructions of a small call's ~25,300 for its hashes, and foldhash took ~490 off the
+/// whole process's count (`bench/README.md`, "The whole process, counted"). A scope holds at
+/// most [`MAX_OPEN_PER_SCOPE`] open requests either way.
+type OpenHasher = foldhash::fast::RandomState;
+
 /// Two writes instead of the derive's four (scope, direction tag, id tag, id): every call hashes
-/// its key three times (duplicate check, insert, response), and SipHash pays per write. Equal
+/// its key three times (duplicate check, insert, response), and the hasher pays per write. Equal
 /// keys still hash equally; which id variant it is need not go in, `Eq` tells them apart.
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
@@ -129,7 +137,7 @@ pub struct Pending {
 /// until met at its front or swept out (once stale keys are half the queue).
 #[derive(Debug)]
 pub(super) struct OpenRequests {
-    map: HashMap<Key, Pending>,
+    map: HashMap<Key, Pending, OpenHasher>,
     order: CounterMap<StreamId, Order>,
     next_seq: u64,
     /// Most open per scope: [`MAX_OPEN_PER_SCOPE`], smaller in tests that fill a scope.
@@ -203,7 +211,7 @@ impl OpenRequests {
             order.open -= 1;
         }
         let map = &mut self.map;
-        let is_open = |map: &HashMap<Key, Pending>, (k, s): &(Key, u64)| {
+        let is_open = |map: &HashMap<Key, Pending, OpenHasher>, (k, s): &(Key, u64)| {
             map.get(k).is_some_and(|p| p.seq == *s)
         };
         let mut evicted = None;
