@@ -14,7 +14,9 @@
 //!
 //! A thread recalls the verdicts of its last few scans of short strings (keys and metadata
 //! repeat on every call of a session): a recalled verdict is the scan's own for the exact same
-//! string, never a guess from a similar one.
+//! string, never a guess from a similar one. A [`CapturePolicy`] likewise remembers what it
+//! ruled of its last keys (allowed or not, prose or codes): the rule of the exact same key,
+//! while every value is still judged on its own.
 
 use std::sync::OnceLock;
 
@@ -1269,6 +1271,59 @@ pub struct CapturePolicy {
     /// Normalised keys whose string values may be prose (`--capture-text`); each is also in
     /// `allowed` unless L2 denies it.
     text: Vec<String>,
+    /// The rules of the keys this policy was last asked about.
+    rules: KeyRules,
+}
+
+/// What a [`CapturePolicy`] says of a key, whatever its value: the part of a decision that
+/// depends on the key alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyRule {
+    /// Not on the allow-set, or shaped like PII, or holding a value L4 removes.
+    Denied,
+    /// Allowed; a string value only if it is a code ([`is_code`]).
+    Codes,
+    /// Allowed, and a string value may be prose (`--capture-text`).
+    Prose,
+}
+
+/// Keys whose rule a policy keeps: more than a tool has arguments.
+const KEY_RULE_SLOTS: usize = 64;
+
+/// The last [`KEY_RULE_SLOTS`] keys a policy ruled on, each with its rule, filled and then
+/// replaced round-robin. Every call of a tool brings the same keys in the same order, and
+/// ruling on one (normalising it, searching the allow-set of about 80 keys, scanning it for L4)
+/// was most of a call's capture decision; a remembered rule is the policy's own for the exact
+/// same key, never one for a similar key. At most 64 × [`MAX_KEY_LEN`] bytes of keys.
+#[derive(Debug, Clone, Default)]
+struct KeyRules {
+    slots: Vec<(Box<str>, KeyRule)>,
+    /// The slot to replace next, once all are filled.
+    next: usize,
+    /// Where to look first: the slot after the last one found (may be one past the end).
+    look: usize,
+}
+
+impl KeyRules {
+    fn get(&mut self, key: &str) -> Option<KeyRule> {
+        let same = |(k, _): &(Box<str>, KeyRule)| **k == *key;
+        let i = match self.slots.get(self.look) {
+            Some(s) if same(s) => self.look,
+            _ => self.slots.iter().position(same)?,
+        };
+        self.look = i + 1;
+        Some(self.slots[i].1)
+    }
+
+    fn put(&mut self, key: &str, rule: KeyRule) {
+        let entry = (Box::from(key), rule);
+        if self.slots.len() < KEY_RULE_SLOTS {
+            self.slots.push(entry);
+        } else {
+            self.slots[self.next] = entry;
+            self.next = (self.next + 1) % KEY_RULE_SLOTS;
+        }
+    }
 }
 
 impl CapturePolicy {
@@ -1304,6 +1359,7 @@ impl CapturePolicy {
         CapturePolicy {
             allowed,
             text: prose,
+            rules: Default::default(),
         }
     }
 
@@ -1318,7 +1374,7 @@ impl CapturePolicy {
     }
 
     /// The value to capture for a top-level argument, or `None`.
-    pub fn capture(&self, key: &str, value: Scalar<'_>) -> Option<Value> {
+    pub fn capture(&mut self, key: &str, value: Scalar<'_>) -> Option<Value> {
         match self.decide(key, value) {
             Capture::Kept(v) => Some(v),
             Capture::Prose | Capture::Dropped => None,
@@ -1326,16 +1382,40 @@ impl CapturePolicy {
     }
 
     /// The capture decision for a top-level argument, telling withheld prose apart.
-    pub fn decide(&self, key: &str, value: Scalar<'_>) -> Capture {
-        if !self.allows_key(key) {
-            return Capture::Dropped;
-        }
-        if let Scalar::Str(s) = value {
-            if !is_code(s) && !with_normalized(key, |n| self.text.iter().any(|t| t == n)) {
-                return Capture::Prose;
+    pub fn decide(&mut self, key: &str, value: Scalar<'_>) -> Capture {
+        match self.key_rule(key) {
+            KeyRule::Denied => return Capture::Dropped,
+            KeyRule::Codes => {
+                if matches!(value, Scalar::Str(s) if !is_code(s)) {
+                    return Capture::Prose;
+                }
             }
+            KeyRule::Prose => {}
         }
         value.admit().map_or(Capture::Dropped, Capture::Kept)
+    }
+
+    /// The key's rule, remembered ([`KeyRules`]) or worked out.
+    fn key_rule(&mut self, key: &str) -> KeyRule {
+        if key.is_empty() || key.len() > MAX_KEY_LEN {
+            return KeyRule::Denied;
+        }
+        if let Some(rule) = self.rules.get(key) {
+            return rule;
+        }
+        let rule = self.rule_of(key);
+        self.rules.put(key, rule);
+        rule
+    }
+
+    fn rule_of(&self, key: &str) -> KeyRule {
+        if !self.allows_key(key) {
+            KeyRule::Denied
+        } else if with_normalized(key, |n| self.text.iter().any(|t| t == n)) {
+            KeyRule::Prose
+        } else {
+            KeyRule::Codes
+        }
     }
 }
 
@@ -1447,9 +1527,20 @@ mod tests {
                 prop_assert_eq!(p.allows_key(&k), old);
             }
 
+            /// A remembered key rule decides like a policy that has never seen the key, for
+            /// every value, in any order of keys, past the number of keys it remembers.
+            #[test]
+            fn remembered_key_rules_decide_like_a_fresh_policy(calls in proptest::collection::vec(("(amount_cents|currency|reason|note|sku|customer_email|card_number|sk_live_x|k[0-9]{1,2})", "(EUR|4111 1111 1111 1111|jane@example.com|on hold|[a-z]{1,6}|\\PC{0,3})"), 0..200)) {
+                let build = || CapturePolicy::with_text(&["sku".into(), "k7".into()], &["note".into()]);
+                let mut remembering = build();
+                for (k, v) in &calls {
+                    prop_assert_eq!(remembering.decide(k, Scalar::Str(v)), build().decide(k, Scalar::Str(v)), "{} {}", k, v);
+                }
+            }
+
             #[test]
             fn no_string_captured_without_capture_text_holds_whitespace(k in "(reason|status|currency|sku|note)", v in "(\\PC|[ \t\n\u{a0}\u{2003}]|[a-z0-9_.:/-]{1,8}){0,20}") {
-                let p = CapturePolicy::new(&["sku".into()]);
+                let mut p = CapturePolicy::new(&["sku".into()]);
                 if let Some(Value::String(got)) = p.capture(&k, Scalar::Str(&v)) {
                     prop_assert!(!got.chars().any(char::is_whitespace), "{got:?}");
                     prop_assert!(got.len() <= MAX_CODE_LEN);
@@ -1563,7 +1654,7 @@ mod tests {
 
     #[test]
     fn denylist_overrides_capture_flag() {
-        let p = CapturePolicy::new(&["customer_email".into(), "sku".into()]);
+        let mut p = CapturePolicy::new(&["customer_email".into(), "sku".into()]);
         assert!(!p.allows_key("customer_email"));
         assert!(p.allows_key("sku"));
         assert!(p.allows_key("SKU"));
@@ -1572,7 +1663,7 @@ mod tests {
 
     #[test]
     fn amount_is_captured_and_unknown_keys_are_not() {
-        let p = CapturePolicy::new(&[]);
+        let mut p = CapturePolicy::new(&[]);
         assert_eq!(
             p.capture("amount_cents", Scalar::U64(4900)),
             Some(json!(4900))
@@ -1652,7 +1743,7 @@ mod tests {
 
     #[test]
     fn sensitive_values_under_allowed_keys_are_removed() {
-        let p = CapturePolicy::new(&[]);
+        let mut p = CapturePolicy::new(&[]);
         assert_eq!(
             p.capture("reason", Scalar::Str("refund for jane@example.com")),
             None
@@ -1663,7 +1754,7 @@ mod tests {
             p.capture("reason", Scalar::Str("duplicate_charge")),
             Some(json!("duplicate_charge"))
         );
-        let text = CapturePolicy::with_text(&[], &["reason".into()]);
+        let mut text = CapturePolicy::with_text(&[], &["reason".into()]);
         assert_eq!(
             text.capture("reason", Scalar::Str("duplicate charge")),
             Some(json!("duplicate charge"))
@@ -1676,7 +1767,7 @@ mod tests {
 
     #[test]
     fn long_strings_are_dropped_not_truncated() {
-        let p = CapturePolicy::with_text(&[], &["reason".into()]);
+        let mut p = CapturePolicy::with_text(&[], &["reason".into()]);
         let long = "a".repeat(MAX_VALUE_LEN + 1);
         assert_eq!(p.capture("reason", Scalar::Str(&long)), None);
         let ok = "a".repeat(MAX_VALUE_LEN);
@@ -1685,7 +1776,7 @@ mod tests {
 
     #[test]
     fn only_codes_are_captured_without_capture_text() {
-        let p = CapturePolicy::new(&["note".into()]);
+        let mut p = CapturePolicy::new(&["note".into()]);
         for code in [
             "requested_by_customer",
             "EUR",
@@ -1739,9 +1830,51 @@ mod tests {
         assert_eq!(p.decide("other", Scalar::Str("a b")), Capture::Dropped);
     }
 
+    /// The policy remembers what it ruled of a key, never of a value: canary values under an
+    /// allowed key, canary keys and prose are refused every time, between kept fields, and after
+    /// more distinct keys than it remembers have pushed them out.
+    #[test]
+    fn canaries_are_refused_every_time_despite_remembered_key_rules() {
+        let mut p = CapturePolicy::new(&[]);
+        let canary_values = [
+            "4111 1111 1111 1111",
+            "jane.doe@example.com",
+            "sk_live_51Hq0CanaryCanary",
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        ];
+        let canary_keys = ["customer_email", "card_number", "sk_live_51Hq0CanaryCanary"];
+        for round in 0..3 {
+            for v in canary_values {
+                assert_eq!(
+                    p.decide("currency", Scalar::Str("EUR")),
+                    Capture::Kept(json!("EUR"))
+                );
+                // Withheld as prose or dropped by L4: never kept.
+                assert!(
+                    !matches!(p.decide("reason", Scalar::Str(v)), Capture::Kept(_)),
+                    "round {round}: {v}"
+                );
+                assert_eq!(p.decide("reason", Scalar::Str("on hold")), Capture::Prose);
+            }
+            for k in canary_keys {
+                assert_eq!(
+                    p.decide("amount_cents", Scalar::U64(4900)),
+                    Capture::Kept(json!(4900))
+                );
+                assert_eq!(p.decide(k, Scalar::U64(4900)), Capture::Dropped, "{k}");
+            }
+            for i in 0..(2 * KEY_RULE_SLOTS) {
+                assert_eq!(
+                    p.decide(&format!("quantity_{i}"), Scalar::U64(1)),
+                    Capture::Dropped
+                );
+            }
+        }
+    }
+
     #[test]
     fn capture_text_opts_a_key_into_prose_and_allows_it() {
-        let p =
+        let mut p =
             CapturePolicy::with_text(&[], &["Reason".into(), "note".into(), "user_name".into()]);
         assert_eq!(
             p.decide("reason", Scalar::Str("customer asked twice")),
