@@ -428,7 +428,7 @@ fn canary_event() -> (Event, Vec<&'static str>) {
         "items": ["CANARY-NESTED-VALUE"],
     });
     e.rec.fields = match fields {
-        Value::Object(m) => Some(m),
+        Value::Object(m) => Some(m.into()),
         _ => None,
     };
     (e, canaries)

@@ -23,7 +23,7 @@
 use serde_json::{Map, Value};
 
 use super::privacy;
-use super::{DriftChange, ErrKind, Event, Hint};
+use super::{DriftChange, ErrKind, Event, Fields, Hint};
 use crate::token::is_b64url;
 
 /// The envelope version this build produces (DESIGN §4).
@@ -66,6 +66,13 @@ impl From<Bad> for FilterError {
     }
 }
 
+/// `rec.fields` as read: from JSON, or the sensor's own (both in key order).
+#[derive(Clone, Copy)]
+enum FieldsView<'a> {
+    Json(&'a Map<String, Value>),
+    Typed(&'a Fields),
+}
+
 /// A field as read: its value, or why there is none of the right type.
 type Read<T> = Result<T, Bad>;
 
@@ -82,7 +89,7 @@ struct View<'a> {
     rail: Read<&'a str>,
     action: Read<&'a str>,
     registry_version: Read<Option<&'a str>>,
-    fields: Read<Option<&'a Map<String, Value>>>,
+    fields: Read<Option<FieldsView<'a>>>,
     tool_def: Read<Option<&'a str>>,
     listed: Read<Option<bool>>,
     /// `None`: absent or empty.
@@ -208,8 +215,10 @@ impl<'a> View<'a> {
             rail: string(member(rec, "rail", "rec.rail"), "rec.rail"),
             action: string(member(rec, "action", "rec.action"), "rec.action"),
             registry_version: optional_string(rec, "registryVersion", "rec.registryVersion"),
-            fields: optional(rec, "fields")
-                .and_then(|f| f.map(|f| object(Ok(f), "rec.fields")).transpose()),
+            fields: optional(rec, "fields").and_then(|f| {
+                f.map(|f| object(Ok(f), "rec.fields").map(FieldsView::Json))
+                    .transpose()
+            }),
             tool_def: optional_string(rec, "toolDef", "rec.toolDef"),
             listed: optional(rec, "listed").and_then(|l| {
                 l.map(|l| l.as_bool().ok_or(Bad("rec.listed", "not a boolean")))
@@ -259,7 +268,7 @@ impl<'a> View<'a> {
             rail: Ok(&e.rec.rail),
             action: Ok(&e.rec.action),
             registry_version: Ok(e.rec.registry_version.as_deref()),
-            fields: Ok(e.rec.fields.as_ref()),
+            fields: Ok(e.rec.fields.as_ref().map(FieldsView::Typed)),
             tool_def: Ok(e.rec.tool_def.as_deref()),
             listed: Ok(e.rec.listed),
             hints: e
@@ -430,12 +439,19 @@ fn rebuild(e: &View<'_>, keep_fields: bool, event: &Value) -> Result<Value, Filt
     );
     // Not read at all unless kept: a v1 envelope's `rec.fields` may be anything.
     if let Some(fields) = if keep_fields { e.fields? } else { None } {
-        let kept: Map<String, Value> = fields
-            .iter()
-            .filter(|(k, x)| privacy::field_passes(k, x))
-            .take(privacy::MAX_FIELDS)
-            .map(|(k, x)| (k.clone(), x.clone()))
-            .collect();
+        fn admitted<'b>(
+            entries: impl Iterator<Item = (&'b String, &'b Value)>,
+        ) -> Map<String, Value> {
+            entries
+                .filter(|(k, x)| privacy::field_passes(k, x))
+                .take(privacy::MAX_FIELDS)
+                .map(|(k, x)| (k.clone(), x.clone()))
+                .collect()
+        }
+        let kept = match fields {
+            FieldsView::Json(m) => admitted(m.iter()),
+            FieldsView::Typed(f) => admitted(f.iter()),
+        };
         if !kept.is_empty() {
             rec.insert("fields".into(), Value::Object(kept));
         }
@@ -686,7 +702,7 @@ fn plain_utc_ms_instant(b: &[u8]) -> bool {
 
 /// What of `rec.fields` passes, in place: each field as it came, the first
 /// [`privacy::MAX_FIELDS`] that pass in the map's order, without rebuilding the map.
-fn admit_fields(mut m: Map<String, Value>) -> Map<String, Value> {
+fn admit_fields(mut m: Fields) -> Fields {
     let mut kept = 0usize;
     m.retain(|k, val| {
         let keep = kept < privacy::MAX_FIELDS && privacy::field_passes(k, val);
@@ -1346,7 +1362,7 @@ pub(crate) mod tests {
                             rail: rail.into(),
                             action,
                             registry_version: reg.map(crate::event::SharedStr::from),
-                            fields,
+                            fields: fields.map(Into::into),
                             tool_def: tool_def.map(Into::into),
                             listed,
                             hints,

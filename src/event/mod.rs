@@ -115,6 +115,93 @@ impl<'de> Deserialize<'de> for SharedStr {
     }
 }
 
+/// `rec.fields`: captured argument values by key, the keys unique and in ascending byte order
+/// (the order of a `serde_json::Map`, in which the L3 filter keeps the first fields that pass
+/// and a JSON object of them is written). A sorted `Vec`: an event holds one to a few, where a
+/// tree map cost a node allocation and a walk each way on every event. Serialises and
+/// deserialises as a JSON object (a repeated key: the last value, as a map keeps it).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fields(Vec<(String, Value)>);
+
+/// What [`Fields::iter`] yields: the entries as a map's iterator gives them.
+type FieldEntry<'a> = (&'a String, &'a Value);
+type FieldIter<'a> = std::iter::Map<
+    std::slice::Iter<'a, (String, Value)>,
+    for<'x> fn(&'x (String, Value)) -> FieldEntry<'x>,
+>;
+
+impl Fields {
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_str().cmp(key))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// In key order.
+    pub fn iter(&self) -> FieldIter<'_> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    /// The values, in key order.
+    pub fn values(&self) -> impl Iterator<Item = &Value> {
+        self.0.iter().map(|(_, v)| v)
+    }
+
+    /// Keeps the entries `keep` says yes to, asked in key order.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str, &Value) -> bool) {
+        self.0.retain(|(k, v)| keep(k, v));
+    }
+}
+
+impl FromIterator<(String, Value)> for Fields {
+    fn from_iter<I: IntoIterator<Item = (String, Value)>>(entries: I) -> Self {
+        let mut v: Vec<(String, Value)> = entries.into_iter().collect();
+        // Stable, so of equal keys the last is last: the one a map would have kept.
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.reverse();
+        v.dedup_by(|later, earlier| later.0 == earlier.0);
+        v.reverse();
+        Fields(v)
+    }
+}
+
+impl From<Map<String, Value>> for Fields {
+    fn from(m: Map<String, Value>) -> Self {
+        // A map iterates in key order, with unique keys.
+        Fields(m.into_iter().collect())
+    }
+}
+
+impl<'a> IntoIterator for &'a Fields {
+    type Item = FieldEntry<'a>;
+    type IntoIter = FieldIter<'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl Serialize for Fields {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Map::<String, Value>::deserialize(d).map(Fields::from)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EventClass {
@@ -166,7 +253,7 @@ pub struct Rec {
     pub registry_version: Option<SharedStr>,
     /// Captured argument values: allow-listed keys, scalars only, after L2 and L4.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fields: Option<Map<String, Value>>,
+    pub fields: Option<Fields>,
     /// 16 hex digits of SHA-256 over the called tool's canonical definition as last listed
     /// (`drift`: the new one); absent (null) when no catalog was seen or the tool is not in it.
     #[serde(rename = "toolDef", default, skip_serializing_if = "Option::is_none")]
@@ -475,7 +562,20 @@ fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
         None => out.extend_from_slice(b",\"registryVersion\":null"),
     }
     if let Some(f) = &r.fields {
-        value(out, ",\"fields\":", f)?;
+        let mut sep = ",\"fields\":{";
+        for (k, v) in f {
+            text(out, sep, k)?;
+            out.push(b':');
+            match v {
+                Value::String(s) => text(out, "", s)?,
+                v => serde_json::to_writer(&mut *out, v)?,
+            }
+            sep = ",";
+        }
+        if f.is_empty() {
+            out.extend_from_slice(b",\"fields\":{");
+        }
+        out.push(b'}');
     }
     opt_text(out, ",\"toolDef\":", r.tool_def.as_deref())?;
     if let Some(l) = &r.listed {
@@ -690,6 +790,37 @@ mod tests {
         }
     }
 
+    /// `rec.fields` behaves as the map it replaced: key order, the last of a repeated key, the
+    /// same JSON both ways.
+    #[test]
+    fn fields_keep_a_maps_order_and_its_last_value() {
+        let f: Fields = [
+            ("currency".to_string(), json!("EUR")),
+            ("amount_cents".to_string(), json!(1)),
+            ("Zone".to_string(), json!(true)),
+            ("amount_cents".to_string(), json!(4900)),
+        ]
+        .into_iter()
+        .collect();
+        let keys: Vec<&str> = f.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["Zone", "amount_cents", "currency"]);
+        assert_eq!(f.get("amount_cents"), Some(&json!(4900)));
+        assert_eq!(f.get("missing"), None);
+        let as_map: Map<String, Value> =
+            serde_json::from_value(json!({"currency": "EUR", "amount_cents": 4900, "Zone": true}))
+                .expect("a map");
+        assert_eq!(f, Fields::from(as_map.clone()));
+        assert_eq!(
+            serde_json::to_string(&f).expect("serialises"),
+            serde_json::to_string(&as_map).expect("serialises")
+        );
+        let back: Fields = serde_json::from_str(r#"{"b": 1, "a": 2, "b": 3}"#).expect("an object");
+        assert_eq!(
+            back,
+            Fields::from_iter([("a".into(), json!(2)), ("b".into(), json!(3))])
+        );
+    }
+
     #[test]
     fn written_strings_escape_what_serde_escapes() {
         let mut ev: Event = serde_json::from_value(crate::event::filter::tests::sample())
@@ -715,6 +846,11 @@ mod tests {
             ev.rec.action = format!("a{s}");
             ev.dest.host = s.into();
             ev.on_behalf_of = Some(s.into());
+            ev.rec.fields = Some(
+                [(format!("k{s}"), json!(s)), (s.to_string(), json!(4900))]
+                    .into_iter()
+                    .collect(),
+            );
             let mut ours = Vec::new();
             write_event(&mut ours, &ev).expect("writes");
             assert_eq!(ours, serde_json::to_vec(&ev).expect("serialises"), "{s:?}");

@@ -16,7 +16,7 @@
 
 use std::time::{Instant, SystemTime};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::event::call::{CallFacts, TraceContext, MAX_REQUEST_ID};
 use crate::event::filter::REDACTED;
@@ -306,14 +306,7 @@ impl<S: EventSink> Observer<S> {
                 rail: "mcp".into(),
                 action: a.tool,
                 registry_version: a.registry_version,
-                // Extended, which inserts one by one: `collect` sorts a buffer first and
-                // bulk-builds the tree, a cost made for many entries where a call has one to
-                // three (keys are unique, so the map is the same).
-                fields: a.fields.map(|f| {
-                    let mut m = Map::new();
-                    m.extend(f.into_vec());
-                    m
-                }),
+                fields: a.fields.map(|f| f.into_vec().into_iter().collect()),
                 tool_def: a.facts.tool_def,
                 listed: a.facts.listed,
                 hints: a.facts.hints,

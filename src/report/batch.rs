@@ -543,7 +543,7 @@ mod tests {
                 rail: "mcp".into(),
                 action: text(MAX_TEXT_LEN),
                 registry_version: Some("a".repeat(64).into()),
-                fields: Some(fields),
+                fields: Some(fields.into()),
                 tool_def: Some("b".repeat(64).into()),
                 listed: Some(false),
                 hints: vec![
@@ -616,7 +616,7 @@ mod tests {
     fn largest_event_the_filter_admits_is_far_below_the_byte_cap() {
         let kept = filter_event(largest_event()).expect("every field is within its bound");
         assert_eq!(
-            kept.rec.fields.as_ref().map(Map::len),
+            kept.rec.fields.as_ref().map(crate::event::Fields::len),
             Some(MAX_FIELDS),
             "every captured field passed, so the bound below is the real worst case"
         );

@@ -242,7 +242,7 @@ pub fn event(tool: &str) -> Event {
             rail: "mcp".into(),
             action: tool.into(),
             registry_version: Some("a1b2c3d4e5f60718".into()),
-            fields: Some(fields),
+            fields: Some(fields.into()),
             tool_def: None,
             listed: None,
             hints: Vec::new(),
