@@ -388,7 +388,12 @@ impl<'a> Cursor<'a> {
                 "inputResponses" => {
                     out.input_responses = match c.kind()? {
                         Kind::Literal => c.literal()?.map(|_| serde::de::IgnoredAny),
-                        _ => c.skip(d).map(|()| serde::de::IgnoredAny),
+                        // A value that cannot be read past makes the message one to give up on,
+                        // as everywhere: read as absent, it left the cursor inside the value.
+                        _ => {
+                            c.skip(d)?;
+                            Some(serde::de::IgnoredAny)
+                        }
                     }
                 }
                 _ => return Some(false),
@@ -482,6 +487,10 @@ mod tests {
             r#"{"id":01}"#,
             r#"{"id":1} x"#,
             "\x0c{\"id\":1}",
+            // Found by `an_edited_message_is_never_misread`: a tab inside the string value of
+            // `inputResponses`, after which the rest read as members.
+            "{\"params\":{\"inputResponses\":\",\t\"method\":1}}",
+            "{\"params\":{\"inputResponses\":[1,],\"name\":\"x\"}}",
         ] {
             let (serde, plain) = both_readings(m);
             assert!(plain.is_none(), "{m}");
