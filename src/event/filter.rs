@@ -1448,7 +1448,7 @@ pub(crate) mod tests {
                     let t = &texts[i % texts.len()];
                     prop_assert_eq!(
                         privacy::contains_sensitive_recalled(t), privacy::contains_sensitive(t), "{}", t);
-                    prop_assert_eq!(privacy::is_pii_key_recalled(t), privacy::is_pii_key(t), "{}", t);
+                    prop_assert_eq!(privacy::key_denied_recalled(t), privacy::key_denied(t), "{}", t);
                 }
             }
         }

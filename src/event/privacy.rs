@@ -290,9 +290,16 @@ pub fn is_pii_key(key: &str) -> bool {
     with_normalized(key, is_pii_normalized)
 }
 
-/// [`is_pii_key`] through the thread's [`recall`]: keys repeat on every call of a tool.
-pub(crate) fn is_pii_key_recalled(key: &str) -> bool {
-    recall(Scan::PiiKey, key, is_pii_key)
+/// Is this key refused whatever its value: shaped like PII (L2), holding a value L4 removes, or
+/// holding a control character?
+pub(crate) fn key_denied(key: &str) -> bool {
+    is_pii_key(key) || contains_sensitive(key) || key.chars().any(char::is_control)
+}
+
+/// [`key_denied`] through the thread's [`recall`]: keys repeat on every call of a tool, and the
+/// L3 filter asks about each captured key of every event.
+pub(crate) fn key_denied_recalled(key: &str) -> bool {
+    recall(Scan::DeniedKey, key, key_denied)
 }
 
 /// [`contains_sensitive`] through the thread's [`recall`], for what repeats from call to call:
@@ -307,7 +314,7 @@ pub(crate) fn contains_sensitive_recalled(text: &str) -> bool {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Scan {
     Sensitive,
-    PiiKey,
+    DeniedKey,
 }
 
 /// Verdicts a thread keeps: enough for an event's metadata and its captured keys.
@@ -1209,14 +1216,7 @@ pub fn scrub_field(key: &str, value: &Value) -> Option<Value> {
 /// Would [`scrub_field`] keep this field? (It keeps a field exactly as it came, so the sensor's
 /// L3 filter decides in place, without a copy.)
 pub fn field_passes(key: &str, value: &Value) -> bool {
-    if key.is_empty()
-        || key.len() > MAX_KEY_LEN
-        || is_pii_key_recalled(key)
-        || contains_sensitive_recalled(key)
-    {
-        return false;
-    }
-    if key.chars().any(char::is_control) {
+    if key.is_empty() || key.len() > MAX_KEY_LEN || key_denied_recalled(key) {
         return false;
     }
     match value {
