@@ -562,18 +562,14 @@ fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
         None => out.extend_from_slice(b",\"registryVersion\":null"),
     }
     if let Some(f) = &r.fields {
-        let mut sep = ",\"fields\":{";
-        for (k, v) in f {
-            text(out, sep, k)?;
+        out.extend_from_slice(b",\"fields\":{");
+        for (i, (k, v)) in f.iter().enumerate() {
+            text(out, if i == 0 { "" } else { "," }, k)?;
             out.push(b':');
             match v {
                 Value::String(s) => text(out, "", s)?,
                 v => serde_json::to_writer(&mut *out, v)?,
             }
-            sep = ",";
-        }
-        if f.is_empty() {
-            out.extend_from_slice(b",\"fields\":{");
         }
         out.push(b'}');
     }
