@@ -322,22 +322,64 @@ pub(crate) const RECALL_SLOTS: usize = 32;
 /// Longer strings are scanned every time: keys and metadata are short.
 const RECALL_MAX_LEN: usize = 128;
 
-/// A thread's recent scans (the scan, the exact string, its verdict), filled and then replaced
-/// round-robin.
-struct Recalled {
-    slots: Vec<(Scan, Box<str>, bool)>,
+/// The last `N` answers about short strings, each beside the exact string it is about, filled
+/// and then replaced round-robin. Asked in the same order every time (an event's strings, a
+/// tool's argument keys), so the slot after the last hit is looked at first, then all of them.
+/// The thread's scan verdicts ([`recall`]) and a policy's key rules ([`CapturePolicy`]) keep
+/// one each. A hit needs the exact same string, never a similar one.
+#[derive(Debug, Clone)]
+struct Memo<T, const N: usize> {
+    slots: Vec<(Box<str>, T)>,
     /// The slot to replace next, once all are filled.
     next: usize,
-    /// Where to look first: the slot after the last one found (may be one past the end).
+    /// Where to look first: the slot after the last one found (may be one past the end, where
+    /// `get` misses and the search starts over at the first slot).
     look: usize,
 }
 
+impl<T: Copy, const N: usize> Memo<T, N> {
+    const fn new() -> Self {
+        Memo {
+            slots: Vec::new(),
+            next: 0,
+            look: 0,
+        }
+    }
+
+    /// The answer kept for exactly `text` that `fits` (the same question).
+    fn get(&mut self, text: &str, fits: impl Fn(T) -> bool) -> Option<T> {
+        let same = |(t, a): &(Box<str>, T)| fits(*a) && **t == *text;
+        let i = match self.slots.get(self.look) {
+            Some(s) if same(s) => self.look,
+            _ => self.slots.iter().position(same)?,
+        };
+        self.look = i + 1;
+        Some(self.slots[i].1)
+    }
+
+    fn put(&mut self, text: &str, answer: T) {
+        let entry = (Box::from(text), answer);
+        if self.slots.len() < N {
+            self.slots.push(entry);
+        } else {
+            self.slots[self.next] = entry;
+            self.next = (self.next + 1) % N;
+        }
+    }
+}
+
+impl<T: Copy, const N: usize> Default for Memo<T, N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 thread_local! {
-    /// Holds at most 4 KiB of strings this thread has just scanned, and nothing else; a hit
-    /// needs the same scan and the exact same content, so it is the scan's own verdict.
-    static RECALLED: std::cell::RefCell<Recalled> = const {
-        std::cell::RefCell::new(Recalled { slots: Vec::new(), next: 0, look: 0 })
-    };
+    /// This thread's recent scans: at most 4 KiB of strings it has just scanned, and nothing
+    /// else; a hit needs the same scan and the exact same content, so it is the scan's own
+    /// verdict.
+    static RECALLED: std::cell::RefCell<Memo<(Scan, bool), RECALL_SLOTS>> =
+        const { std::cell::RefCell::new(Memo::new()) };
 }
 
 /// `scan(text)`, or its verdict from the last [`RECALL_SLOTS`] scans of this thread.
@@ -346,27 +388,12 @@ fn recall(kind: Scan, text: &str, scan: fn(&str) -> bool) -> bool {
         return scan(text);
     }
     RECALLED.with(|memo| {
-        let r = &mut *memo.borrow_mut();
-        let same = |(k, t, _): &(Scan, Box<str>, bool)| *k == kind && **t == *text;
-        // An event's strings are asked for in the same order every time: the slot after the
-        // last hit first, then all of them (past the end, `get` misses and the search starts
-        // over at the first slot).
-        let found = match r.slots.get(r.look) {
-            Some(s) if same(s) => Some(r.look),
-            _ => r.slots.iter().position(same),
-        };
-        if let Some(i) = found {
-            r.look = i + 1;
-            return r.slots[i].2;
+        let memo = &mut *memo.borrow_mut();
+        if let Some((_, verdict)) = memo.get(text, |(k, _)| k == kind) {
+            return verdict;
         }
         let verdict = scan(text);
-        let entry = (kind, Box::from(text), verdict);
-        if r.slots.len() < RECALL_SLOTS {
-            r.slots.push(entry);
-        } else {
-            r.slots[r.next] = entry;
-            r.next = (r.next + 1) % RECALL_SLOTS;
-        }
+        memo.put(text, (kind, verdict));
         verdict
     })
 }
@@ -1272,7 +1299,7 @@ pub struct CapturePolicy {
     /// `allowed` unless L2 denies it.
     text: Vec<String>,
     /// The rules of the keys this policy was last asked about.
-    rules: KeyRules,
+    rules: Memo<KeyRule, KEY_RULE_SLOTS>,
 }
 
 /// What a [`CapturePolicy`] says of a key, whatever its value: the part of a decision that
@@ -1287,44 +1314,11 @@ enum KeyRule {
     Prose,
 }
 
-/// Keys whose rule a policy keeps: more than a tool has arguments.
+/// Keys whose rule a policy keeps ([`Memo`]): more than a tool has arguments. Every call of a
+/// tool brings the same keys in the same order, and ruling on one (normalising it, searching
+/// the allow-set of about 80 keys, scanning it for L4) was most of a call's capture decision.
+/// At most 64 × [`MAX_KEY_LEN`] bytes of keys.
 const KEY_RULE_SLOTS: usize = 64;
-
-/// The last [`KEY_RULE_SLOTS`] keys a policy ruled on, each with its rule, filled and then
-/// replaced round-robin. Every call of a tool brings the same keys in the same order, and
-/// ruling on one (normalising it, searching the allow-set of about 80 keys, scanning it for L4)
-/// was most of a call's capture decision; a remembered rule is the policy's own for the exact
-/// same key, never one for a similar key. At most 64 × [`MAX_KEY_LEN`] bytes of keys.
-#[derive(Debug, Clone, Default)]
-struct KeyRules {
-    slots: Vec<(Box<str>, KeyRule)>,
-    /// The slot to replace next, once all are filled.
-    next: usize,
-    /// Where to look first: the slot after the last one found (may be one past the end).
-    look: usize,
-}
-
-impl KeyRules {
-    fn get(&mut self, key: &str) -> Option<KeyRule> {
-        let same = |(k, _): &(Box<str>, KeyRule)| **k == *key;
-        let i = match self.slots.get(self.look) {
-            Some(s) if same(s) => self.look,
-            _ => self.slots.iter().position(same)?,
-        };
-        self.look = i + 1;
-        Some(self.slots[i].1)
-    }
-
-    fn put(&mut self, key: &str, rule: KeyRule) {
-        let entry = (Box::from(key), rule);
-        if self.slots.len() < KEY_RULE_SLOTS {
-            self.slots.push(entry);
-        } else {
-            self.slots[self.next] = entry;
-            self.next = (self.next + 1) % KEY_RULE_SLOTS;
-        }
-    }
-}
 
 impl CapturePolicy {
     /// `extra` are the `--capture` keys; they are normalised like every other key. A `--capture`
@@ -1395,12 +1389,12 @@ impl CapturePolicy {
         value.admit().map_or(Capture::Dropped, Capture::Kept)
     }
 
-    /// The key's rule, remembered ([`KeyRules`]) or worked out.
+    /// The key's rule, remembered or worked out.
     fn key_rule(&mut self, key: &str) -> KeyRule {
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return KeyRule::Denied;
         }
-        if let Some(rule) = self.rules.get(key) {
+        if let Some(rule) = self.rules.get(key, |_| true) {
             return rule;
         }
         let rule = self.rule_of(key);
