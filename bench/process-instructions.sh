@@ -7,11 +7,14 @@
 # bench's mock server (`--role server`); sessions of 500 and 5,000 small `tools/call`s, and the
 # difference between the two divided by 4,500 is a call's cost (start-up and exit cancel out).
 # `seq`: one call in flight; `pipe`: every request written before the first answer is read.
+# LISTED=1: the driver lists the tools first, as real clients do, so each call is also looked up
+# in the catalog and its event carries the tool's hash and hints.
 # It counts instructions, not cache misses, stalls or system calls: read it beside the stdio
 # bench's whole-session CPU, never instead of it. Not part of CI: it measures, it does not gate.
 #
 #   bash bench/process-instructions.sh [seq|pipe ...]       (needs valgrind and python3)
 #   WRAPPER=/path/to/bounded-observe-mcp bash bench/process-instructions.sh   (another build)
+#   LISTED=1 bash bench/process-instructions.sh seq                            (tools/list first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
@@ -23,8 +26,9 @@ server=$PWD/$server
 out=$(mktemp -d)
 [ -n "${KEEP:-}" ] && echo "callgrind output kept in $out" || trap 'rm -rf "$out"' EXIT
 cat >"$out/driver.py" <<'EOF'
-import json, subprocess, sys, threading
+import json, os, subprocess, sys, threading
 mode, n = sys.argv[1], int(sys.argv[2])
+listed = os.environ.get("LISTED") == "1"
 p = subprocess.Popen(sys.argv[3:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 # Compact separators: the mock server matches `"method":"tools/call"` as written.
 line = lambda m: (json.dumps(m, separators=(",", ":")) + "\n").encode()
@@ -35,6 +39,9 @@ def call(m):
 call({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
       "capabilities": {}, "clientInfo": {"name": "bench-driver", "version": "1.0.0"}}})
 call({"jsonrpc": "2.0", "method": "notifications/initialized"})
+if listed:
+    # The mock server reads unsigned ids only; the calls take 1..n.
+    call({"jsonrpc": "2.0", "id": 10**9, "method": "tools/list", "params": {}})
 req = lambda i: {"jsonrpc": "2.0", "id": i, "method": "tools/call",
                  "params": {"name": "echo", "arguments": {"amount_cents": 4900, "currency": "EUR"}}}
 if mode == "seq":
@@ -66,7 +73,7 @@ count() {
 }
 shapes=("$@")
 [ ${#shapes[@]} -gt 0 ] || shapes=(seq pipe)
-echo "== whole wrapper process, instructions per small tools/call (file sink): $wrapper"
+echo "== whole wrapper process, instructions per small tools/call (file sink${LISTED:+, tools listed first}): $wrapper"
 for shape in "${shapes[@]}"; do
     case "$shape" in seq | pipe) ;; *) echo "unknown shape: $shape (seq or pipe)" >&2; exit 2 ;; esac
     small=$(count "$shape" 500)
