@@ -50,10 +50,17 @@ pub struct ToolDef {
     pub hints: Vec<Hint>,
 }
 
+/// Hashes tool names: every call looks its tool up (SipHash, std's default, cost about 150
+/// instructions of a call's ~24,000 with a listed catalog; bench/README.md). Seeded per map, as
+/// for the open requests' ids; the names come from the server and are at most
+/// [`MAX_TOOL_DEFS`] of at most [`MAX_NAME`] bytes, so colliding names can cost no more than a
+/// scan of the list.
+type NameHasher = foldhash::fast::RandomState;
+
 /// The tools of one complete list.
 #[derive(Debug, Default)]
 struct Defs {
-    by_name: HashMap<Box<str>, ToolDef>,
+    by_name: HashMap<Box<str>, ToolDef, NameHasher>,
     /// More tools were listed than [`MAX_TOOL_DEFS`]: a name not in `by_name` may be listed.
     over_cap: bool,
 }
@@ -92,7 +99,7 @@ pub struct Catalog {
     drift: Vec<Drift>,
     /// The tool names of the last complete list (OTLP takes a tool name as a metric attribute
     /// only from here, so a client cannot make up series).
-    names: std::collections::HashSet<String>,
+    names: std::collections::HashSet<String, NameHasher>,
 }
 
 /// Read as `JSON.parse` reads it: a key given twice keeps its last value (see
