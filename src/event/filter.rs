@@ -630,6 +630,10 @@ fn check_token(
 /// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`, a real instant (the schema's `ts` pattern).
 fn check_timestamp(s: &str) -> Result<(), FilterError> {
     let b = s.as_bytes();
+    // The sensor's own form, checked whole at once: every event it sends has it.
+    if sensor_form(b) && plain_utc_ms_instant(b) {
+        return Ok(());
+    }
     let digits =
         |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
     let shape = s.len() <= 40
@@ -671,6 +675,25 @@ fn check_timestamp(s: &str) -> Result<(), FilterError> {
         .map_err(|_| invalid("ts", "not a valid instant"))?;
     Ok(())
 }
+
+/// True when `b` is `DDDD-DD-DDTDD:DD:DD.DDDZ` (`D` a digit): the shape of the form the sensor
+/// writes, which [`plain_utc_ms_instant`] then reads. One pass over a fixed pattern, where the
+/// general shape check reads the text field by field.
+fn sensor_form(b: &[u8]) -> bool {
+    let Ok(b) = <&[u8; 24]>::try_from(b) else {
+        return false;
+    };
+    b.iter().zip(SENSOR_FORM).fold(true, |ok, (&c, &p)| {
+        ok & if p == b'D' {
+            c.is_ascii_digit()
+        } else {
+            c == p
+        }
+    })
+}
+
+/// [`sensor_form`]'s pattern, byte for byte.
+const SENSOR_FORM: &[u8; 24] = b"DDDD-DD-DDTDD:DD:DD.DDDZ";
 
 /// True when `b`, already of the timestamp's shape, is the form the sensor writes
 /// (`YYYY-MM-DDTHH:MM:SS.sssZ`) and a real date and time without a leap second: then the `time`
@@ -805,6 +828,30 @@ pub(crate) mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The sensor's form is recognised by its pattern alone; a byte off anywhere sends the text
+    /// to the general check, which still decides it.
+    #[test]
+    fn sensor_form_is_the_exact_pattern() {
+        let good = "2026-11-29T19:13:27.123Z";
+        assert!(sensor_form(good.as_bytes()));
+        assert!(check_timestamp(good).is_ok());
+        for i in 0..good.len() {
+            let mut b = good.as_bytes().to_vec();
+            b[i] = if b[i].is_ascii_digit() { b'x' } else { b'0' };
+            assert!(!sensor_form(&b), "{i}");
+            let bad = String::from_utf8(b).expect("ASCII");
+            assert!(check_timestamp(&bad).is_err(), "{bad}");
+        }
+        for other in [
+            "2026-11-29T19:13:27Z",
+            "2026-11-29T19:13:27.1234Z",
+            "2026-11-29T19:13:27.123+01:00",
+        ] {
+            assert!(!sensor_form(other.as_bytes()), "{other}");
+            assert!(check_timestamp(other).is_ok(), "{other}");
         }
     }
 
