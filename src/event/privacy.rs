@@ -974,6 +974,11 @@ fn numeric_dates(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
             }
             let p3 = p2 + n2 + 1;
             let n3 = run(p3);
+            // No date part has more than 4 digits: a longer run is no date, and must not be
+            // read as a number (it would overflow).
+            if n1 > 4 || n3 > 4 {
+                continue;
+            }
             let (a, m, c) = (
                 num(s, n1),
                 num(p2, n2),
@@ -2039,6 +2044,24 @@ mod tests {
         ] {
             assert!(!contains_contextual(s), "{s}");
         }
+    }
+
+    /// Runs of digits too long for any part of a date, on either side of its separators, next
+    /// to a birth word: no date, and no arithmetic overflow reading them (a fuzzed batch hit a
+    /// `u32` overflow here, which panics where overflow is checked).
+    #[test]
+    fn digit_runs_too_long_for_a_date_are_not_read_as_one() {
+        let long = "9".repeat(40);
+        for s in [
+            format!("born {long}-12-31"),
+            format!("born 31-12-{long}"),
+            format!("dob {long}/1/{long}"),
+            format!("birth {long}.{long}.{long}"),
+            format!("born 1984-03-{long}"),
+        ] {
+            assert!(!contains_contextual(&s), "{s}");
+        }
+        assert!(contains_contextual(&format!("{long} born 1984-03-07")));
     }
 
     #[test]
