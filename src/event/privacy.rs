@@ -1185,7 +1185,8 @@ fn text_passes(s: &str) -> bool {
 /// A number is scrubbed through its decimal text: a 16-digit Luhn-valid integer is a card.
 /// A card is the only L4 kind a JSON number can hold (phone numbers and SSNs need a `+`, a
 /// leading 0 or separators, IP addresses more than one dot, the others letters), and the other
-/// detectors are not run on it: `1234567.89` is an amount, not a phone number.
+/// detectors are not run on it: `1234567.89` is an amount, not a phone number, and
+/// `0.27838654985369` a fraction, though its text has a leading 0 and a dot.
 fn number_admit(n: Number) -> Option<Value> {
     number_passes(&n).then_some(Value::Number(n))
 }
