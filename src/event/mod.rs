@@ -40,6 +40,11 @@ impl SharedStr {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether both hold the one same allocation (not merely equal text).
+    pub(crate) fn same(&self, other: &SharedStr) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl std::ops::Deref for SharedStr {
