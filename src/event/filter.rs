@@ -628,13 +628,15 @@ thread_local! {
 /// After `e` passed [`check`], remembers its shared metadata strings not `known` yet. Only
 /// non-empty ones: an empty string passes only where the field may be empty.
 fn remember_cleared(e: &Event, known: Cleared) {
-    let mut new = shared_metadata(e).filter(|(bit, s)| !known.has(*bit) && !s.is_empty());
-    let Some(first) = new.next() else {
+    let mut new = shared_metadata(e)
+        .filter(|(bit, s)| !known.has(*bit) && !s.is_empty())
+        .peekable();
+    if new.peek().is_none() {
         return;
-    };
+    }
     CLEARED.with(|c| {
         let (held, next) = &mut *c.borrow_mut();
-        for (_, s) in std::iter::once(first).chain(new) {
+        for (_, s) in new {
             if held.len() < CLEARED_SLOTS {
                 held.push(s.clone());
             } else {
@@ -730,7 +732,7 @@ fn check_token(
 fn check_timestamp(s: &str) -> Result<(), FilterError> {
     let b = s.as_bytes();
     // The sensor's own form, checked whole at once: every event it sends has it.
-    if sensor_form(b) && plain_utc_ms_instant(b) {
+    if plain_utc_ms_instant(b) {
         return Ok(());
     }
     let digits =
@@ -767,9 +769,6 @@ fn check_timestamp(s: &str) -> Result<(), FilterError> {
     if !zone_ok {
         return Err(invalid("ts", "not RFC 3339"));
     }
-    if plain_utc_ms_instant(b) {
-        return Ok(());
-    }
     time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
         .map_err(|_| invalid("ts", "not a valid instant"))?;
     Ok(())
@@ -794,13 +793,12 @@ fn sensor_form(b: &[u8]) -> bool {
 /// [`sensor_form`]'s pattern, byte for byte.
 const SENSOR_FORM: &[u8; 24] = b"DDDD-DD-DDTDD:DD:DD.DDDZ";
 
-/// True when `b`, already of the timestamp's shape, is the form the sensor writes
-/// (`YYYY-MM-DDTHH:MM:SS.sssZ`) and a real date and time without a leap second: then the `time`
-/// crate's RFC 3339 parser accepts it too (a proptest holds the two together) and need not run
-/// on every event. False decides nothing: the parser does.
+/// True when `b` is the form the sensor writes (`YYYY-MM-DDTHH:MM:SS.sssZ`, [`sensor_form`])
+/// and a real date and time without a leap second: then the `time` crate's RFC 3339 parser
+/// accepts it too (a proptest holds the two together) and need not run on every event. False
+/// decides nothing: the general check and the parser do.
 fn plain_utc_ms_instant(b: &[u8]) -> bool {
-    if b.len() != 24 || b[19] != b'.' || b[23] != b'Z' || !b[20..23].iter().all(u8::is_ascii_digit)
-    {
+    if !sensor_form(b) {
         return false;
     }
     let num = |r: std::ops::Range<usize>| {
