@@ -552,17 +552,25 @@ fn rebuild(e: &View<'_>, keep_fields: bool, event: &Value) -> Result<Value, Filt
 /// The sensor's side: the built [`Event`] as it will be sent, after L3.
 ///
 /// [`check`] on the struct, then what L3 removes removed in place and everything else as it
-/// was, not copied. The reporter runs this on every event.
+/// was, not copied.
 pub fn filter_event(mut event: Event) -> Result<Event, FilterError> {
-    let view = View::of_event(&event);
+    filter_event_in_place(&mut event)?;
+    Ok(event)
+}
+
+/// [`filter_event`] on an event where it lies, so a boxed event is not moved out and back (the
+/// reporter runs this on every event). On an error the event is left as it was given: the
+/// caller must not send it.
+pub fn filter_event_in_place(event: &mut Event) -> Result<(), FilterError> {
+    let view = View::of_event(event);
     let known = view.cleared;
     let keep_fields = check(&view)?;
-    remember_cleared(&event, known);
+    remember_cleared(event, known);
     event.rec.fields = match event.rec.fields.take() {
         Some(f) if keep_fields => Some(admit_fields(f)).filter(|f| !f.is_empty()),
         _ => None,
     };
-    Ok(event)
+    Ok(())
 }
 
 /// Which shared metadata strings of a typed event (`dest.host`, `actor.id`, `session.id`,

@@ -18,7 +18,10 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use filter::{filter_event, validate_and_filter_event, FilterError, EVENT_SCHEMA_VERSION};
+pub use filter::{
+    filter_event, filter_event_in_place, validate_and_filter_event, FilterError,
+    EVENT_SCHEMA_VERSION,
+};
 
 /// Most events in one batch (DESIGN §4).
 pub const MAX_BATCH_EVENTS: usize = 500;

@@ -34,7 +34,7 @@ use super::retry::{
 use super::sink::{Sink, Tuning};
 use super::stats::{summarise, warn_once, FailureKind, FailureLog, ReportStats};
 pub use crate::event::BATCH_VERSION;
-use crate::event::{filter_event, BatchBody, Event, SensorInfo, MAX_BATCH_EVENTS};
+use crate::event::{filter_event_in_place, BatchBody, Event, SensorInfo, MAX_BATCH_EVENTS};
 
 /// Largest body the batcher posts: a batch is sent before the next event would take it past
 /// this. 1 MiB is a quarter of the reference ingest's 4 MiB limit and the default body limit of
@@ -76,7 +76,7 @@ enum Outcome {
 pub(crate) type Deadline = watch::Receiver<Option<Instant>>;
 
 pub(crate) struct Batcher {
-    pub(crate) rx: mpsc::Receiver<Event>,
+    pub(crate) rx: mpsc::Receiver<Box<Event>>,
     /// Incremented by the queue's producers when it is full.
     pub(crate) queue_dropped: Arc<AtomicU64>,
     /// `None`: reporting is off and no socket is ever opened. The queue then counts events
@@ -96,7 +96,7 @@ pub(crate) struct Batcher {
     pub(crate) pacer: Option<Arc<crate::pace::Pacer>>,
     /// A filtered event that would have taken the batch past [`MAX_BATCH_BYTES`]: the batch is
     /// sent first, and this event opens the next one.
-    pub(crate) overflow: Option<Event>,
+    pub(crate) overflow: Option<Box<Event>>,
     /// Events lost since the last accepted batch (queue full, rejected by the L3 filter, in a
     /// failed batch); carried in the next batch's `dropped` and reset only when a batch is
     /// accepted, so the ingest learns about losses as soon as it is reachable again.
@@ -125,7 +125,7 @@ pub(crate) struct Batcher {
 // cost an allocation per event to save nothing.
 #[allow(clippy::large_enum_variant)]
 enum Wake {
-    Event(Event),
+    Event(Box<Event>),
     Closed,
     Shutdown,
     FlushDue,
@@ -202,7 +202,7 @@ impl Batcher {
     }
 
     /// The next event already queued, if the batch has room for it.
-    fn next_queued(&mut self) -> Option<Event> {
+    fn next_queued(&mut self) -> Option<Box<Event>> {
         if self.is_full() {
             return None;
         }
@@ -210,7 +210,7 @@ impl Batcher {
     }
 
     /// [`Batcher::push`] for an event taken from the queue, then the pacer's turn.
-    fn push_paced(&mut self, ev: Event) {
+    fn push_paced(&mut self, ev: Box<Event>) {
         self.push(ev);
         if let Some(p) = &self.pacer {
             p.pace();
@@ -219,18 +219,18 @@ impl Batcher {
 
     /// Filters one event (L3) into the current batch; a rejected event is counted, never sent.
     /// Called only when the batch is not full.
-    fn push(&mut self, ev: Event) {
+    fn push(&mut self, mut ev: Box<Event>) {
         // The typed form of `validate_and_filter_event` (proven equal to it over generated
         // events), without building a `Value` of the event first.
-        match filter_event(ev) {
-            Ok(ev) => self.append(ev),
+        match filter_event_in_place(&mut ev) {
+            Ok(()) => self.append(ev),
             Err(e) => self.reject(&e),
         }
     }
 
     /// Adds a filtered event to the batch, or holds it for the next one if it would take this
     /// one past [`MAX_BATCH_BYTES`].
-    fn append(&mut self, ev: Event) {
+    fn append(&mut self, ev: Box<Event>) {
         match self
             .buf
             .push_within(&ev, MAX_BATCH_BYTES - ENVELOPE_RESERVE)
@@ -614,7 +614,8 @@ mod tests {
 
     #[test]
     fn largest_event_the_filter_admits_is_far_below_the_byte_cap() {
-        let kept = filter_event(largest_event()).expect("every field is within its bound");
+        let kept =
+            crate::event::filter_event(largest_event()).expect("every field is within its bound");
         assert_eq!(
             kept.rec.fields.as_ref().map(crate::event::Fields::len),
             Some(MAX_FIELDS),
@@ -646,7 +647,7 @@ mod tests {
         );
     }
 
-    fn batcher(sink: Option<Sink>, rx: mpsc::Receiver<Event>, deadline: Deadline) -> Batcher {
+    fn batcher(sink: Option<Sink>, rx: mpsc::Receiver<Box<Event>>, deadline: Deadline) -> Batcher {
         let tuning = Tuning::default();
         Batcher {
             rx,
@@ -681,7 +682,7 @@ mod tests {
         for _ in 0..n {
             let ev = wide_event();
             ids.push(ev.id.clone());
-            tx.try_send(ev).expect("room");
+            tx.try_send(Box::new(ev)).expect("room");
         }
         drop(tx);
         let (_deadline_tx, deadline) = watch::channel(None);
@@ -719,7 +720,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (tx, rx) = mpsc::channel(16);
         for _ in 0..3 {
-            tx.try_send(wide_event()).expect("room");
+            tx.try_send(Box::new(wide_event())).expect("room");
         }
         let start = Instant::now();
         let (deadline_tx, deadline) = watch::channel(Some(start + Duration::from_secs(2)));
@@ -744,7 +745,7 @@ mod tests {
         let path = dir.path().join("events.jsonl");
         let (tx, rx) = mpsc::channel(16);
         for _ in 0..3 {
-            tx.try_send(wide_event()).expect("room");
+            tx.try_send(Box::new(wide_event())).expect("room");
         }
         let start = Instant::now();
         let (_deadline_tx, deadline) = watch::channel(Some(start + Duration::from_secs(10)));
