@@ -121,9 +121,6 @@ pub(crate) struct Batcher {
 }
 
 /// What woke the main loop.
-// One value at a time, on the stack, moved straight into the batch: boxing the event would
-// cost an allocation per event to save nothing.
-#[allow(clippy::large_enum_variant)]
 enum Wake {
     Event(Box<Event>),
     Closed,
