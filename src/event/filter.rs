@@ -579,7 +579,10 @@ pub fn filter_event_in_place(event: &mut Event) -> Result<(), FilterError> {
 /// the rule's verdict on a string that cannot change is the same every time, so each is checked
 /// once per thread, not once per event (five recalled L4 scans per event, about 750
 /// instructions: bench/README.md). Only passes are remembered, so which fault of an event is
-/// reported first does not change.
+/// reported first does not change. A string is known whichever of the five fields it passed
+/// in: all five hold a non-empty string to the one rule, [`check_metadata`] (`actor.id`'s
+/// [`check_actor_id`] is that rule), and a field given a rule of its own would need its own
+/// memo.
 #[derive(Clone, Copy)]
 struct Cleared(u8);
 
