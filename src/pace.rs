@@ -3,10 +3,10 @@
 //!
 //! Owns [`lower_current_thread`], called on each of the observer runtime's threads as it starts
 //! (batch scheduling class, nice [`OBSERVER_NICE`]), and [`Pacer`]: on a CPU shared
-//! with the relay while traffic flows and the observer holds at least [`PACE_BEHIND`] of it
-//! unread, the observer works in slices of at most [`PACE_SLICE`] of CPU and rests [`PACE_REST`]
+//! with the relay while traffic flows and the observer is at least [`PACE_BEHIND`] behind it,
+//! the observer works in slices of at most [`PACE_SLICE`] of CPU and rests [`PACE_REST`]
 //! after each; within [`PACE_RECENT`] of new chunks it yields instead of resting; past that,
-//! once the session is closing, and with less than [`PACE_BEHIND`] held, it works flat out. So
+//! once the session is closing, and less than [`PACE_BEHIND`] behind, it works flat out. So
 //! in a burst the relay goes first and the observer catches up in the gaps; the tap's byte budget
 //! (`crate::tap::TAP_BUDGET_BYTES`) bounds how far behind it may fall, and calls lost to tap drops
 //! are counted as unobserved, never given a false status. Timestamps are the relay's, so
@@ -99,23 +99,26 @@ pub const PACE_REST: Duration = Duration::from_millis(1);
 /// each full slice (see the module doc).
 pub const PACE_RECENT: Duration = Duration::from_millis(5);
 
-/// Tap bytes the observer must hold unread (taken at its last look, not yet read) before it
-/// paces at all. Below it the observer finishes what it took in one stretch: between
-/// sequential calls that is one linger's worth (a few dozen KiB), and cutting it into slices
-/// only spreads the same work over more calls, so that more of them wait for it (a slice ends
-/// in a yield, and each resumed slice holds up another call). A pipelined burst holds
-/// megabytes, and there resting lets the relay go first. 64 KiB: the better of the thresholds
-/// measured, against pacing always (`bench/README.md`, "Every mechanism rechecked, and pacing
-/// only a backlog").
-pub const PACE_BEHIND: u64 = 64 * 1024;
+/// How far behind the relay the observer must be (tap bytes passed to it and not yet read,
+/// whether taken at its last look or still queued) before it paces at all. Below it the
+/// observer finishes its work in one stretch: between sequential calls that is one linger's
+/// worth (a few dozen KiB), and cutting it into slices only spreads the same work over more
+/// calls, so that more of them wait for it (a slice ends in a yield, and each resumed slice
+/// holds up another call). A pipelined burst puts megabytes behind it, and there resting lets
+/// the relay go first. Counting what is still queued keeps the observer paced to the end of a
+/// burst, not only until what it took at its last look runs low, and that is what lets the
+/// threshold be 256 KiB: the better of the variants measured (`bench/README.md`, "The backlog
+/// counted whole").
+pub const PACE_BEHIND: u64 = 256 * 1024;
 
 /// Paces the observer's thread on a CPU it shares with the relay (see the module doc).
 ///
 /// Called often ([`Pacer::pace`], per frame and per event) from the observer's one runtime
 /// thread, where the observer and the reporter both run; the rest is a blocking sleep, so it
 /// rests both. Cheap when it has nothing to do: at most three relaxed loads when the CPU is not
-/// shared, little is held or no traffic flows, a monotonic clock read otherwise, and the
-/// thread's CPU clock (a system call) only once a slice of wall time has passed.
+/// shared, the observer is not far behind or no traffic flows, a monotonic clock read
+/// otherwise, and the thread's CPU clock (a system call) only once a slice of wall time has
+/// passed.
 #[derive(Debug)]
 pub struct Pacer {
     /// The process may run on one CPU only (affinity, cgroup quota): observer and relay share it.
@@ -129,8 +132,8 @@ pub struct Pacer {
     /// When (ns since `origin`, never 0) the observer last saw new chunks; 0: never, or the
     /// session is closing.
     live_at: AtomicU64,
-    /// Tap bytes the observer holds unread (see [`Pacer::set_held`]).
-    held: AtomicU64,
+    /// How far behind the relay the observer is, in tap bytes (see [`Pacer::set_backlog`]).
+    backlog: AtomicU64,
     /// Rests and yields taken (for `--debug` totals and tests).
     rests: AtomicU64,
     yields: AtomicU64,
@@ -153,7 +156,7 @@ impl Pacer {
             mark_cpu: AtomicU64::new(0),
             origin: Instant::now(),
             live_at: AtomicU64::new(0),
-            held: AtomicU64::new(0),
+            backlog: AtomicU64::new(0),
             rests: AtomicU64::new(0),
             yields: AtomicU64::new(0),
         }
@@ -182,10 +185,11 @@ impl Pacer {
         }
     }
 
-    /// How many tap bytes the observer took at its last look and has not read yet: it paces
-    /// only while that is at least [`PACE_BEHIND`].
-    pub fn set_held(&self, bytes: u64) {
-        self.held.store(bytes, Ordering::Relaxed);
+    /// How many tap bytes the relay has passed to the observer that it has not read yet
+    /// (taken at its last look or still queued): it paces only while that is at least
+    /// [`PACE_BEHIND`].
+    pub fn set_backlog(&self, bytes: u64) {
+        self.backlog.store(bytes, Ordering::Relaxed);
     }
 
     /// The session is closing: from now on the observer works flat out.
@@ -197,11 +201,11 @@ impl Pacer {
     /// Rests the calling thread for [`PACE_REST`] if it has had the CPU for a [`PACE_SLICE`] of
     /// a stretch in which it held the CPU more than half the time, on a shared CPU, while it and
     /// the relay take turns ([`Pacer::set_live`]) and the observer is behind by at least
-    /// [`PACE_BEHIND`] ([`Pacer::set_held`]); yields instead within [`PACE_RECENT`] after
+    /// [`PACE_BEHIND`] ([`Pacer::set_backlog`]); yields instead within [`PACE_RECENT`] after
     /// that. Returns whether it rested or yielded. A stretch in which the thread mostly waited
     /// (it ran in the gaps, taking nothing from anybody) just starts over.
     pub fn pace(&self) -> bool {
-        if !self.shared_cpu || self.held.load(Ordering::Relaxed) < PACE_BEHIND {
+        if !self.shared_cpu || self.backlog.load(Ordering::Relaxed) < PACE_BEHIND {
             return false;
         }
         let live = self.live.load(Ordering::Relaxed);
@@ -278,16 +282,16 @@ mod tests {
         // No traffic: never rests, however long it works.
         spin(PACE_SLICE * 3);
         assert!(!p.pace());
-        // Traffic, but less than a backlog held: finishes it in one stretch.
+        // Traffic, but less than the threshold behind: finishes it in one stretch.
         p.set_live(true);
-        p.set_held(PACE_BEHIND - 1);
+        p.set_backlog(PACE_BEHIND - 1);
         assert!(!p.pace());
         for _ in 0..4 {
             spin(PACE_SLICE * 2);
             assert!(!p.pace(), "nothing to pace below the backlog threshold");
         }
         assert_eq!(p.rests() + p.yields(), 0);
-        p.set_held(PACE_BEHIND);
+        p.set_backlog(PACE_BEHIND);
         p.set_live(true);
         assert!(!p.pace(), "the first call only starts a stretch");
         // A full slice of CPU in a stretch it held the CPU for. (Retried: a test thread

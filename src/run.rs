@@ -322,13 +322,10 @@ impl StdioObserver {
 /// was dropped and the skipped middles of large frames. Once the tap is closed, what the
 /// observer took in ([`Progress::taken`]) reaches it when nothing was left unread.
 fn queued_bytes(tap: &TapStats) -> [u64; 2] {
-    let one = |i: usize| {
-        tap.offered_bytes[i]
-            .load(Relaxed)
-            .saturating_sub(tap.dropped_bytes[i].load(Relaxed))
-            .saturating_sub(tap.skipped_bytes[i].load(Relaxed))
-    };
-    [one(0), one(1)]
+    [
+        tap.passed_bytes(tap::Direction::ClientToServer),
+        tap.passed_bytes(tap::Direction::ServerToClient),
+    ]
 }
 
 /// The observer's thread: observes until the session ends, ends open calls, delivers, and

@@ -91,6 +91,18 @@ pub struct TapStats {
     pub skipped_bytes: [AtomicU64; 2],
 }
 
+impl TapStats {
+    /// Bytes the relay has handed the tap so far in `dir`, less those dropped and the skipped
+    /// middles of large frames (see [`TapReceiver::passed_bytes`]).
+    pub fn passed_bytes(&self, dir: Direction) -> u64 {
+        let i = dir.index();
+        self.offered_bytes[i]
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.dropped_bytes[i].load(Ordering::Relaxed))
+            .saturating_sub(self.skipped_bytes[i].load(Ordering::Relaxed))
+    }
+}
+
 /// Most chunks queued at once. Only a backstop against a flood of tiny reads: the byte budget
 /// ([`TAP_BUDGET_BYTES`]) is the real bound, and it must be the one that trips, so a burst of
 /// small messages queued while the observer runs behind the relay is absorbed, not dropped.
@@ -495,6 +507,14 @@ impl TapReceiver {
         offered[0].load(Ordering::Relaxed) + offered[1].load(Ordering::Relaxed)
     }
 
+    /// Bytes the relay has handed the tap so far, both directions, less those dropped and the
+    /// skipped middles of large frames: what the observer will have taken in once the tap is
+    /// empty (the trim's held-back bytes included until it passes or skips them).
+    pub fn passed_bytes(&self) -> u64 {
+        let s = &self.shared.stats;
+        s.passed_bytes(Direction::ClientToServer) + s.passed_bytes(Direction::ServerToClient)
+    }
+
     /// Bytes dropped so far, both directions (for `sensor.health`).
     pub fn dropped_bytes(&self) -> u64 {
         let dropped = &self.shared.stats.dropped_bytes;
@@ -694,6 +714,42 @@ mod tests {
         }
         split.flush(collect(&mut out));
         out
+    }
+
+    #[test]
+    fn passed_bytes_are_what_the_observer_takes_in_once_the_tap_is_empty() {
+        // Room for the large frame's head and tail, not for every small chunk after it.
+        let (mut c2s, mut s2c, mut rx, stats) = tap_with_budget(TAP_CAPACITY, 96 * 1024);
+        let now = Instant::now();
+        let big = format!("{{\"id\":1,\"r\":\"{}\"}}\n", "b".repeat(1 << 20));
+        for piece in big.as_bytes().chunks(16 * 1024) {
+            s2c.offer(now, Bytes::copy_from_slice(piece));
+        }
+        for _ in 0..400 {
+            c2s.offer(now, Bytes::from_static(&[b'x'; 300]));
+        }
+        let skipped = stats.skipped_bytes[1].load(Ordering::Relaxed);
+        let dropped = rx.dropped_bytes();
+        assert!(
+            skipped > 0 && dropped > 0,
+            "skipped {skipped}, dropped {dropped}"
+        );
+        let offered: u64 = (0..2)
+            .map(|i| stats.offered_bytes[i].load(Ordering::Relaxed))
+            .sum();
+        assert_eq!(rx.passed_bytes(), offered - skipped - dropped);
+        c2s.close(now);
+        s2c.close(now);
+        let mut out = VecDeque::new();
+        let mut taken = 0u64;
+        while rx.drain(&mut out) == Drained::Some {
+            for m in out.drain(..) {
+                if let TapMsg::Chunk(c) = m {
+                    taken += c.bytes.len() as u64;
+                }
+            }
+        }
+        assert_eq!(rx.passed_bytes(), taken);
     }
 
     #[test]

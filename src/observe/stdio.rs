@@ -363,7 +363,7 @@ pub async fn run_tap_observer<S: EventSink>(
 /// observes the frames of both directions in timestamp order (see [`REORDER_HOLD`]), and checks
 /// call timeouts every [`TICK`]. Takes everything queued per look and lingers between looks (see
 /// [`TAP_LINGER`]); yields every [`FRAMES_PER_TURN`] frames so the reporter keeps up. Tells
-/// `pacer` whether traffic flows and how much of it is held unread, and lets it pace every
+/// `pacer` whether traffic flows and how far behind it the observer is, and lets it pace every
 /// frame (see [`Pacer`]). Past the cut-off
 /// it reads nothing more: calls whose answers may be in what is left are made unobserved (a
 /// gap), and what is left is what [`Progress::taken`] does not count.
@@ -405,6 +405,9 @@ pub async fn run_tap_observer_with<S: EventSink>(
     let mut batch: VecDeque<TapMsg> = VecDeque::new();
     let mut next_tick = Instant::now() + TICK;
     let mut closing = false;
+    // Tap bytes taken in so far, both directions (the sum of `Progress::taken`): the backlog
+    // the pacer needs is what the relay passed to the tap less this.
+    let mut taken = 0u64;
     let cut = 'observe: loop {
         let got = match rx.drain(&mut batch) {
             Drained::Empty => {
@@ -427,14 +430,12 @@ pub async fn run_tap_observer_with<S: EventSink>(
         let worked = got == Drained::Some;
         look(&rx, closing);
         let mut left = [0usize; 2];
-        let mut held = 0u64;
         for msg in &batch {
             if let TapMsg::Chunk(c) = msg {
                 left[c.dir.index()] += 1;
-                held += c.bytes.len() as u64;
             }
         }
-        pacer.set_held(held);
+        pacer.set_backlog(rx.passed_bytes().saturating_sub(taken));
         while let Some(msg) = batch.pop_front() {
             if past_cutoff(close) {
                 break 'observe true;
@@ -444,7 +445,6 @@ pub async fn run_tap_observer_with<S: EventSink>(
                 TapMsg::Chunk(c) => {
                     let i = c.dir.index();
                     left[i] -= 1;
-                    held -= c.bytes.len() as u64;
                     if c.after_gap {
                         observer.on_gap(c.dir, c.seen);
                     }
@@ -456,7 +456,8 @@ pub async fn run_tap_observer_with<S: EventSink>(
                         pacer.pace();
                     });
                     progress.add_taken(c.dir, c.bytes.len());
-                    pacer.set_held(held);
+                    taken += c.bytes.len() as u64;
+                    pacer.set_backlog(rx.passed_bytes().saturating_sub(taken));
                     look(&rx, closing);
                     if observer.stats.events - before >= FRAMES_PER_TURN as u64 {
                         tokio::task::yield_now().await;
