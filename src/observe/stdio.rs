@@ -340,6 +340,12 @@ async fn release_paced<S: EventSink>(
     }
 }
 
+/// How far behind the relay the observer is: tap bytes passed to it that it has not taken in.
+fn backlog(rx: &TapReceiver, progress: &Progress) -> u64 {
+    let taken: u64 = progress.taken().iter().sum();
+    rx.passed_bytes().saturating_sub(taken)
+}
+
 /// Drives an observer from the stdio tap until both directions close, then returns it (the
 /// caller decides the [`super::EndCause`] for calls still in flight): [`run_tap_observer_with`]
 /// with summaries on, no cut-off, and progress nobody reads.
@@ -405,9 +411,6 @@ pub async fn run_tap_observer_with<S: EventSink>(
     let mut batch: VecDeque<TapMsg> = VecDeque::new();
     let mut next_tick = Instant::now() + TICK;
     let mut closing = false;
-    // Tap bytes taken in so far, both directions (the sum of `Progress::taken`): the backlog
-    // the pacer needs is what the relay passed to the tap less this.
-    let mut taken = 0u64;
     let cut = 'observe: loop {
         let got = match rx.drain(&mut batch) {
             Drained::Empty => {
@@ -435,7 +438,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                 left[c.dir.index()] += 1;
             }
         }
-        pacer.set_backlog(rx.passed_bytes().saturating_sub(taken));
+        pacer.set_backlog(backlog(&rx, progress));
         while let Some(msg) = batch.pop_front() {
             if past_cutoff(close) {
                 break 'observe true;
@@ -456,8 +459,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                         pacer.pace();
                     });
                     progress.add_taken(c.dir, c.bytes.len());
-                    taken += c.bytes.len() as u64;
-                    pacer.set_backlog(rx.passed_bytes().saturating_sub(taken));
+                    pacer.set_backlog(backlog(&rx, progress));
                     look(&rx, closing);
                     if observer.stats.events - before >= FRAMES_PER_TURN as u64 {
                         tokio::task::yield_now().await;
