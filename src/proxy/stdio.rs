@@ -269,8 +269,8 @@ fn dup_file(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<File> {
 fn start_threads(
     our_in: File,
     our_out: File,
-    child_in: std::process::ChildStdin,
-    child_out: std::process::ChildStdout,
+    child_in: File,
+    child_out: File,
     c2s: Option<Arc<TapSlot>>,
     s2c: Option<Arc<TapSlot>>,
     group: Arc<child::ChildGroup>,

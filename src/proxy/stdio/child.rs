@@ -17,7 +17,10 @@
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+
+mod launch;
+use std::fs::File;
+use std::process::{Command, ExitStatus};
 use std::sync::Mutex;
 
 use nix::errno::Errno;
@@ -89,16 +92,16 @@ pub fn exit_code(status: ExitStatus) -> i32 {
 /// A running server: its pid is the pgid of its own process group.
 pub struct ChildGroup {
     pgid: Pid,
-    /// The std handle, taken when the child is reaped. Locked while signalling so that a signal
-    /// can never be sent after the reap freed the pid (see module docs).
-    child: Mutex<Option<Child>>,
+    /// Whether the child is still unreaped. Locked while signalling and while reaping, so that a
+    /// signal can never be sent after the reap freed the pid (see module docs).
+    live: Mutex<bool>,
 }
 
 /// What [`spawn`] hands back: the group handle and the two pipes the relay owns.
 pub struct Spawned {
     pub group: ChildGroup,
-    pub stdin: ChildStdin,
-    pub stdout: ChildStdout,
+    pub stdin: File,
+    pub stdout: File,
 }
 
 /// The command that starts the server: `program args…` with the process's environment minus
@@ -112,68 +115,32 @@ pub struct Spawned {
 /// hide from the server the shared variables a parent may pass in it (`OTEL_*`).
 fn server_command(program: &OsString, args: &[OsString]) -> Command {
     let mut cmd = Command::new(program);
-    cmd.args(args);
-    for (name, _) in std::env::vars_os() {
-        if is_sensor_env(&name) {
-            cmd.env_remove(&name);
-        }
-    }
+    cmd.args(args).env_clear().envs(server_env());
     cmd
 }
 
+/// The server's environment: ours minus every variable [`crate::config::is_sensor_env`] calls
+/// ours (see [`server_command`], which the kill switch uses).
+fn server_env() -> impl Iterator<Item = (OsString, OsString)> {
+    std::env::vars_os().filter(|(name, _)| !is_sensor_env(name))
+}
+
 /// Starts the server with piped stdin/stdout, inherited stderr, in its own process group, with
-/// a death signal tied to the calling thread.
+/// a death signal tied to the calling thread ([`launch`]: no copy of the wrapper is made).
 ///
-/// `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, not the process: call this from
-/// a thread that outlives the session (the relay's caller blocks in [`super::StdioProxy::run`]
-/// until the child is reaped, so its own thread qualifies; `main` calls it from the main thread).
+/// `PR_SET_PDEATHSIG` fires when the *thread* that started the child exits, not the process:
+/// call this from a thread that outlives the session (the relay's caller blocks in
+/// [`super::StdioProxy::run`] until the child is reaped, so its own thread qualifies; `main`
+/// calls it from the main thread). Our descriptors 0 and 1 must be open.
 pub fn spawn(program: &OsString, args: &[OsString]) -> io::Result<Spawned> {
-    // Captured before fork: in the child, getppid() must still name us, else we died meanwhile.
-    let parent = std::process::id() as libc::pid_t;
-    let mut cmd = server_command(program, args);
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        // Own process group: signals reach grandchildren (npx, shell wrappers), and a Ctrl-C
-        // meant for the client's terminal group does not hit the server behind our back.
-        .process_group(0);
-    // Runs in the forked child between fork and exec.
-    let arm_death_signal = move || -> io::Result<()> {
-        // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and no pointers.
-        let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, DEATH_SIGNAL as libc::c_ulong) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: getppid takes no arguments and cannot fail.
-        if unsafe { libc::getppid() } != parent {
-            // The wrapper died between fork and prctl: the death signal will never fire.
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
-        Ok(())
-    };
-    // SAFETY: between fork and exec only async-signal-safe operations are allowed. The closure
-    // calls prctl(2) and getppid(2) (plain syscalls), reads errno, and builds io::Error from a
-    // raw code (no allocation, no lock); it touches no memory shared with other threads (it
-    // owns a copy of `parent`). Covered by `wrapper_sigkilled_leaves_no_child_behind` in
-    // tests/stdio_lifecycle.rs.
-    unsafe {
-        cmd.pre_exec(arm_death_signal);
-    }
-    let mut child = cmd.spawn()?;
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        // Unreachable with Stdio::piped(); do not leave the process behind if it ever happens.
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(io::Error::other("child pipes missing"));
-    };
-    let pgid = Pid::from_raw(child.id() as libc::pid_t);
+    let launched = launch::launch(program, args, server_env(), DEATH_SIGNAL)?;
     Ok(Spawned {
         group: ChildGroup {
-            pgid,
-            child: Mutex::new(Some(child)),
+            pgid: Pid::from_raw(launched.pid),
+            live: Mutex::new(true),
         },
-        stdin,
-        stdout,
+        stdin: launched.stdin,
+        stdout: launched.stdout,
     })
 }
 
@@ -185,8 +152,8 @@ impl ChildGroup {
     /// Sends `sig` to the whole process group unless the child was already reaped.
     /// Returns whether the signal was sent.
     pub fn signal(&self, sig: Signal) -> bool {
-        let guard = lock(&self.child);
-        if guard.is_none() {
+        let live = lock(&self.live);
+        if !*live {
             return false;
         }
         // ESRCH (group already empty) is fine: nothing left to signal.
@@ -195,7 +162,7 @@ impl ChildGroup {
 
     /// Whether the child was reaped (after which no signal is ever sent to the group).
     pub fn is_reaped(&self) -> bool {
-        lock(&self.child).is_none()
+        !*lock(&self.live)
     }
 
     /// Blocks until the child has exited, WITHOUT reaping it (WNOWAIT), so its pid stays
@@ -217,17 +184,44 @@ impl ChildGroup {
     /// Reaps the child (it must have exited: see [`Self::wait_exited`]) and returns its status.
     /// After this no signal is sent to the group again.
     pub fn reap(&self) -> Option<ExitStatus> {
-        let mut guard = lock(&self.child);
-        let mut child = guard.take()?;
-        child.wait().ok()
+        let mut live = lock(&self.live);
+        if !*live {
+            return None;
+        }
+        *live = false;
+        self.waitpid(0)
     }
 
     /// Reaps if the child has exited; leaves it (and the group's signalling) alone otherwise.
     pub fn try_reap(&self) -> Option<ExitStatus> {
-        let mut guard = lock(&self.child);
-        let status = guard.as_mut()?.try_wait().ok()??;
-        *guard = None;
-        Some(status)
+        let mut live = lock(&self.live);
+        if !*live {
+            return None;
+        }
+        match self.waitpid(libc::WNOHANG) {
+            Some(status) => {
+                *live = false;
+                Some(status)
+            }
+            None => None,
+        }
+    }
+
+    /// `waitpid(2)` on the child, retried on EINTR. `None` when it has not exited (WNOHANG) or
+    /// cannot be waited for (ECHILD: our parent set SIGCHLD to be ignored, so the kernel reaped
+    /// it).
+    fn waitpid(&self, flags: libc::c_int) -> Option<ExitStatus> {
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid writes the status into a local int and takes no other pointer.
+            let rc = unsafe { libc::waitpid(self.pgid.as_raw(), &mut status, flags) };
+            match rc {
+                0 => return None,
+                -1 if Errno::last() == Errno::EINTR => continue,
+                -1 => return None,
+                _ => return Some(ExitStatus::from_raw(status)),
+            }
+        }
     }
 }
 
