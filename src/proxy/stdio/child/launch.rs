@@ -4,14 +4,16 @@
 //!
 //! Owns the few lines that run in the child between `clone` and `execve`. They share the
 //! wrapper's memory, so they must never allocate, lock, unwind or write anything but their own
-//! stack and one error slot: everything they read (program, argv, envp, descriptors) is built
-//! by the parent first ([`Launch`]), and the parent's thread is suspended by the kernel until
-//! the child has called `execve` or `_exit`.
+//! stack, `errno` and one error slot: everything they read (program, argv, envp, descriptors) is
+//! built by the parent first ([`Launch`]), and the parent's thread is suspended by the kernel
+//! until the child has called `execve` or `_exit`. `execvpe` reads `PATH` from the process's
+//! environment, which the sensor never changes after start (no `set_var` anywhere in it).
 //!
 //! Why not `std::process::Command` with `pre_exec`: that forces `fork`, which copies the
-//! wrapper's page tables and write-protects its memory for every session. Measured on a
-//! one-shot session, the `fork` path took 0.22–0.24 ms from the call to the child's creation,
-//! against about 0.03 ms here (bench/README.md, "The server started without a copy").
+//! wrapper's page tables and write-protects its memory, and the child's `execve` then tears the
+//! copy down, on every session. From the session's start to the server's `execve`, medians of
+//! 60 one-shot sessions: 0.29 ms unobserved and 0.40 ms observed with `fork`, 0.21 and 0.24 ms
+//! here (bench/README.md, "The server started without a copy").
 
 use std::ffi::{CString, OsString};
 use std::fs::File;
