@@ -15,11 +15,9 @@
 //! reserved by the zombie for as long as we may signal it. Must never signal after reaping.
 
 use std::ffi::OsString;
+use std::fs::File;
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-
-mod launch;
-use std::fs::File;
 use std::process::{Command, ExitStatus};
 use std::sync::Mutex;
 
@@ -31,6 +29,8 @@ use nix::unistd::Pid;
 use crate::config::is_sensor_env;
 use crate::lock::lock;
 use crate::log::PREFIX;
+
+mod launch;
 
 /// Exit code when the server command does not exist (the shell's convention).
 pub const EXIT_NOT_FOUND: i32 = 127;
@@ -189,7 +189,7 @@ impl ChildGroup {
             return None;
         }
         *live = false;
-        self.waitpid(0)
+        waitpid(self.pgid.as_raw(), 0)
     }
 
     /// Reaps if the child has exited; leaves it (and the group's signalling) alone otherwise.
@@ -198,7 +198,7 @@ impl ChildGroup {
         if !*live {
             return None;
         }
-        match self.waitpid(libc::WNOHANG) {
+        match waitpid(self.pgid.as_raw(), libc::WNOHANG) {
             Some(status) => {
                 *live = false;
                 Some(status)
@@ -206,21 +206,20 @@ impl ChildGroup {
             None => None,
         }
     }
+}
 
-    /// `waitpid(2)` on the child, retried on EINTR. `None` when it has not exited (WNOHANG) or
-    /// cannot be waited for (ECHILD: our parent set SIGCHLD to be ignored, so the kernel reaped
-    /// it).
-    fn waitpid(&self, flags: libc::c_int) -> Option<ExitStatus> {
-        loop {
-            let mut status = 0;
-            // SAFETY: waitpid writes the status into a local int and takes no other pointer.
-            let rc = unsafe { libc::waitpid(self.pgid.as_raw(), &mut status, flags) };
-            match rc {
-                0 => return None,
-                -1 if Errno::last() == Errno::EINTR => continue,
-                -1 => return None,
-                _ => return Some(ExitStatus::from_raw(status)),
-            }
+/// `waitpid(2)` on `pid`, retried on EINTR. `None` when it has not exited (WNOHANG) or cannot be
+/// waited for (ECHILD: our parent set SIGCHLD to be ignored, so the kernel reaped it).
+fn waitpid(pid: libc::pid_t, flags: libc::c_int) -> Option<ExitStatus> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status into a local int and takes no other pointer.
+        let rc = unsafe { libc::waitpid(pid, &mut status, flags) };
+        match rc {
+            0 => return None,
+            -1 if Errno::last() == Errno::EINTR => continue,
+            -1 => return None,
+            _ => return Some(ExitStatus::from_raw(status)),
         }
     }
 }

@@ -150,7 +150,7 @@ pub(super) fn launch(
     let failed = plan.failed.load(Ordering::SeqCst);
     if failed != 0 {
         // The child has called _exit (CLONE_VFORK returned): reap it, never leave a zombie.
-        reap_now(pid);
+        super::waitpid(pid, 0);
         return Err(io::Error::from_raw_os_error(failed));
     }
     drop(child_stdin);
@@ -160,18 +160,6 @@ pub(super) fn launch(
         stdin: File::from(OwnedFd::from(our_stdin)),
         stdout: File::from(OwnedFd::from(our_stdout)),
     })
-}
-
-/// Reaps `pid`, which has exited.
-fn reap_now(pid: libc::pid_t) {
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid writes the status into a local int and takes no other pointer.
-        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if rc != -1 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return;
-        }
-    }
 }
 
 /// errno after a failed call. Reads the calling thread's errno slot; in the child, which runs
