@@ -4,9 +4,12 @@
 //!
 //! Owns the few lines that run in the child between `clone` and `execve`. They share the
 //! wrapper's memory, so they must never allocate, lock, unwind or write anything but their own
-//! stack, `errno` and one error slot: everything they read (program, argv, envp, descriptors) is
-//! built by the parent first ([`Launch`]), and the parent's thread is suspended by the kernel
-//! until the child has called `execve` or `_exit`. `execvpe` reads `PATH` from the process's
+//! stack and `errno`: everything they read (program, argv, envp, descriptors) is built by the
+//! parent first ([`Launch`]), and the parent's thread is suspended by the kernel until the child
+//! has called `execve` or `_exit`. A step that fails writes its errno to a close-on-exec pipe,
+//! as `std` does, not to the shared memory: QEMU's user-mode emulation (how the aarch64 packages
+//! are tested) runs `CLONE_VM | CLONE_VFORK` as a plain `fork`, and only the pipe reaches the
+//! parent from a copy. `execvpe` reads `PATH` from the process's
 //! environment, which the sensor never changes after start (no `set_var` anywhere in it).
 //!
 //! Why not `std::process::Command` with `pre_exec`: that forces `fork`, which copies the
@@ -17,10 +20,9 @@
 
 use std::ffi::{CString, OsString};
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Stack for the child's few calls. `execvpe` keeps its path buffer (`PATH_MAX` + a name) and,
 /// for a script without `#!`, a copy of argv on the stack; glibc's `posix_spawn` gives its child
@@ -44,8 +46,8 @@ struct Launch {
     /// we died meanwhile and the signal would never fire.
     parent: libc::pid_t,
     death_signal: libc::c_int,
-    /// errno of the step that failed in the child; 0 while none did.
-    failed: AtomicI32,
+    /// Where a failed step writes its errno (4 bytes); closed by a successful `execve`.
+    report: RawFd,
 }
 
 /// A started server: its pid (= its process group) and our ends of its stdin and stdout.
@@ -73,6 +75,7 @@ pub(super) fn launch(
     let (our_stdout, child_stdout) = std::io::pipe()?;
     let child_stdin = OwnedFd::from(child_stdin);
     let child_stdout = OwnedFd::from(child_stdout);
+    let (mut report_r, report_w) = std::io::pipe()?;
 
     let program_c = c_string(program.as_bytes())?;
     let mut strings = Vec::with_capacity(args.len() + 1);
@@ -103,7 +106,7 @@ pub(super) fn launch(
         stdout: child_stdout.as_raw_fd(),
         parent: std::process::id() as libc::pid_t,
         death_signal,
-        failed: AtomicI32::new(0),
+        report: report_w.as_raw_fd(),
     };
     let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK + 8 * (argc + 2));
 
@@ -114,9 +117,10 @@ pub(super) fn launch(
     // * `plan` lives in this frame. With CLONE_VFORK the kernel suspends this thread until the
     //   child has exec'd or exited, so `plan` and `stack` outlive every use the child makes of
     //   them; other threads never see either.
-    // * The child runs `child_main`, which only reads `plan`, stores into `plan.failed` (an
-    //   atomic) and makes async-signal-safe calls (see there); it never returns into Rust code
-    //   of ours: it ends in execve or _exit.
+    //   (Under an emulator that runs this `clone` as a `fork`, the child works on its own copy
+    //   of both, and the parent does not wait: `plan.report` tells it the outcome either way.)
+    // * The child runs `child_main`, which only reads `plan` and makes async-signal-safe calls
+    //   (see there); it never returns into Rust code of ours: it ends in execve or _exit.
     // * Every signal is blocked on this thread across `clone`, so no handler of ours can run in
     //   the child (which shares our memory) before the child has put every caught signal back
     //   to its default; the child gets its own copy of the dispositions (no CLONE_SIGHAND), so
@@ -147,11 +151,14 @@ pub(super) fn launch(
         pid
     };
     drop(stack);
-    let failed = plan.failed.load(Ordering::SeqCst);
-    if failed != 0 {
-        // The child has called _exit (CLONE_VFORK returned): reap it, never leave a zombie.
+    // Our copy of the write end closed, the read ends at the child's execve (close-on-exec) or
+    // holds the errno it wrote before _exit.
+    drop(report_w);
+    let mut failed = [0u8; 4];
+    if report_r.read_exact(&mut failed).is_ok() {
+        // The child has called _exit: reap it, never leave a zombie.
         super::waitpid(pid, 0);
-        return Err(io::Error::from_raw_os_error(failed));
+        return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(failed)));
     }
     drop(child_stdin);
     drop(child_stdout);
@@ -171,15 +178,18 @@ fn errno() -> libc::c_int {
 }
 
 /// The child, between clone and exec. Only async-signal-safe system calls (sigaction,
-/// sigprocmask, setpgid, dup2, fcntl, prctl, getppid, execvpe, _exit), no allocation, no lock,
+/// sigprocmask, setpgid, dup2, fcntl, prctl, getppid, execvpe, write, _exit), no allocation, no lock,
 /// no panic path: every step reports an errno instead.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `&Launch` the parent passed to clone, alive and unchanged until
     // this child execs or exits (see the SAFETY comment in `launch`).
     let plan = unsafe { &*arg.cast::<Launch>() };
     let err = prepare_and_exec(plan);
-    plan.failed
-        .store(if err == 0 { libc::EINVAL } else { err }, Ordering::SeqCst);
+    let err = if err == 0 { libc::EINVAL } else { err };
+    // SAFETY: writes 4 bytes from a local to a descriptor of ours; a pipe takes up to PIPE_BUF
+    // bytes in one piece, so the parent reads all four or, if this fails, none (and then only
+    // sees the exit status).
+    unsafe { libc::write(plan.report, std::ptr::from_ref(&err).cast(), 4) };
     // SAFETY: _exit ends this process without running any of the parent's exit handlers.
     unsafe { libc::_exit(127) }
 }
