@@ -237,6 +237,14 @@ else
   arm_bin=$tmp/npm-arm64/node_modules/@bounded/observe-mcp-linux-arm64-gnu/bin/bounded-observe-mcp
   expect_version "npm arm64" qemu-aarch64 -L /usr/aarch64-linux-gnu "$arm_bin" --version
   session absolute-path --binary "$arm_bin" --emulator "$emu"
+  # The server is started with clone(CLONE_VM | CLONE_VFORK), which qemu runs as a plain fork:
+  # a command that cannot start must still give the shell's exit code and its message.
+  code=0
+  qemu-aarch64 -L /usr/aarch64-linux-gnu "$arm_bin" --ingest "file:$tmp/arm-none.jsonl" \
+    -- "$tmp/no-such-server" </dev/null >/dev/null 2>"$tmp/stderr" || code=$?
+  [ "$code" = 127 ] && grep -q "command not found" "$tmp/stderr" \
+    || fail "arm64: a missing server exited $code ($(cat "$tmp/stderr"))"
+  pass "arm64: a missing server exits 127 with its message under qemu"
   "$tmp/venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir --no-index --no-deps \
     --platform manylinux_2_34_aarch64 --only-binary=:all: --target "$tmp/wheel-arm64" \
     "$root/${arm_wheels[0]}" || fail "pip install of the aarch64 wheel"
