@@ -344,6 +344,7 @@ fn observe_stdio(
     if lower {
         shared.lower_current_thread();
     }
+    tap::detect_cpu_features();
     let pool_shared = shared.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

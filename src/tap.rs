@@ -327,6 +327,14 @@ pub enum Drained {
     Closed,
 }
 
+/// Runs `memchr`'s one-time CPU feature detection (`cpuid`, which traps to the hypervisor on a
+/// VM: about 66 µs). Called at the observer thread's start, so that it overlaps the server's
+/// start-up instead of running on both relay threads at their first chunk, as the tap's first
+/// `memrchr` otherwise makes it (bench/README.md, "The server started without a copy").
+pub fn detect_cpu_features() {
+    std::hint::black_box(memchr::memrchr(b'\n', std::hint::black_box(b"\n")));
+}
+
 /// Builds the tap with the default byte budget: a sender per direction and the observer's
 /// receiver. `capacity` bounds the number of queued chunks (see [`TAP_CAPACITY`]).
 pub fn tap(capacity: usize) -> (TapSender, TapSender, TapReceiver, Arc<TapStats>) {
