@@ -327,10 +327,11 @@ pub enum Drained {
     Closed,
 }
 
-/// Runs `memchr`'s one-time CPU feature detection (`cpuid`, which traps to the hypervisor on a
-/// VM: about 66 µs). Called at the observer thread's start, so that it overlaps the server's
-/// start-up instead of running on both relay threads at their first chunk, as the tap's first
-/// `memrchr` otherwise makes it (bench/README.md, "The server started without a copy").
+/// Runs `memchr`'s one-time CPU feature detection: about ten `cpuid`s, each a trap to the
+/// hypervisor on a VM (6.65 µs each on the benchmark's). Called at the observer thread's start,
+/// so that it overlaps the server's start-up instead of running on a relay thread at its first
+/// chunk, where the tap's first `memrchr` would run it (bench/README.md, "The server started
+/// without a copy").
 pub fn detect_cpu_features() {
     std::hint::black_box(memchr::memrchr(b'\n', std::hint::black_box(b"\n")));
 }

@@ -9,8 +9,8 @@
 //! has called `execve` or `_exit`. A step that fails writes its errno to a close-on-exec pipe,
 //! as `std` does, not to the shared memory: QEMU's user-mode emulation (how the aarch64 packages
 //! are tested) runs `CLONE_VM | CLONE_VFORK` as a plain `fork`, and only the pipe reaches the
-//! parent from a copy. `execvpe` reads `PATH` from the process's
-//! environment, which the sensor never changes after start (no `set_var` anywhere in it).
+//! parent from a copy. `execvpe` reads `PATH` from the process's environment, which the sensor
+//! never changes after start (no `set_var` anywhere in it).
 //!
 //! Why not `std::process::Command` with `pre_exec`: that forces `fork`, which copies the
 //! wrapper's page tables and write-protects its memory, and the child's `execve` then tears the
@@ -170,16 +170,16 @@ pub(super) fn launch(
 }
 
 /// errno after a failed call. Reads the calling thread's errno slot; in the child, which runs
-/// on the parent thread's TLS, that is the suspended parent thread's slot, which nothing else
-/// reads until the child is gone.
+/// on the parent thread's TLS, that is the suspended parent thread's slot, which nothing reads
+/// until the child is gone (Rust code reads errno only right after a call that failed).
 fn errno() -> libc::c_int {
     // SAFETY: __errno_location returns a valid pointer to the calling thread's errno.
     unsafe { *libc::__errno_location() }
 }
 
 /// The child, between clone and exec. Only async-signal-safe system calls (sigaction,
-/// sigprocmask, setpgid, dup2, fcntl, prctl, getppid, execvpe, write, _exit), no allocation, no lock,
-/// no panic path: every step reports an errno instead.
+/// sigprocmask, setpgid, dup2, fcntl, prctl, getppid, execvpe, write, _exit), no allocation, no
+/// lock, no panic path: every step reports an errno instead.
 extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `&Launch` the parent passed to clone, alive and unchanged until
     // this child execs or exits (see the SAFETY comment in `launch`).
