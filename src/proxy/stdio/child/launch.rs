@@ -34,8 +34,7 @@ const NSIG: libc::c_int = 65;
 
 /// Everything the child reads, prepared by the parent because the child may not allocate.
 struct Launch {
-    program: CString,
-    /// NUL-terminated pointers into `strings`.
+    /// NUL-terminated pointers into `strings`; `argv[0]` is the program, as `execvp` takes it.
     argv: Vec<*const libc::c_char>,
     envp: Vec<*const libc::c_char>,
     _strings: Vec<CString>,
@@ -77,9 +76,8 @@ pub(super) fn launch(
     let child_stdout = OwnedFd::from(child_stdout);
     let (mut report_r, report_w) = std::io::pipe()?;
 
-    let program_c = c_string(program.as_bytes())?;
     let mut strings = Vec::with_capacity(args.len() + 1);
-    strings.push(program_c.clone());
+    strings.push(c_string(program.as_bytes())?);
     for a in args {
         strings.push(c_string(a.as_bytes())?);
     }
@@ -98,7 +96,6 @@ pub(super) fn launch(
             .collect()
     };
     let plan = Launch {
-        program: program_c,
         argv: pointers(&strings[..argc]),
         envp: pointers(&strings[argc..]),
         _strings: strings,
@@ -245,11 +242,7 @@ fn prepare_and_exec(plan: &Launch) -> libc::c_int {
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        libc::execvpe(
-            plan.program.as_ptr(),
-            plan.argv.as_ptr(),
-            plan.envp.as_ptr(),
-        );
+        libc::execvpe(plan.argv[0], plan.argv.as_ptr(), plan.envp.as_ptr());
         errno()
     }
 }
@@ -261,7 +254,12 @@ mod tests {
 
     /// Runs `program args` through [`launch`] with `env`, feeds it `input`, and returns its
     /// stdout and exit status.
-    fn run(program: &str, args: &[&str], env: &[(&str, &str)], input: &[u8]) -> (String, i32) {
+    fn run(
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        input: &[u8],
+    ) -> (String, std::process::ExitStatus) {
         let args: Vec<OsString> = args.iter().map(OsString::from).collect();
         let env = env
             .iter()
@@ -273,10 +271,8 @@ mod tests {
         drop(child.stdin);
         let mut out = String::new();
         child.stdout.read_to_string(&mut out).expect("read stdout");
-        let mut status = 0;
-        // SAFETY: waitpid writes the status into a local int.
-        let rc = unsafe { libc::waitpid(child.pid, &mut status, 0) };
-        assert_eq!(rc, child.pid, "the launched child is ours to reap");
+        let status =
+            super::super::waitpid(child.pid, 0).expect("the launched child is ours to reap");
         (out, status)
     }
 
@@ -292,7 +288,7 @@ mod tests {
     #[test]
     fn the_child_gets_our_pipes_the_path_search_and_exactly_the_environment_given() {
         let (out, status) = run("cat", &[], &[("PATH", "/usr/bin:/bin")], b"relayed\n");
-        assert_eq!((out.as_str(), status), ("relayed\n", 0));
+        assert_eq!((out.as_str(), status.code()), ("relayed\n", Some(0)));
         let (out, _) = run("env", &[], &[("ONLY", "this"), ("PATH", "/bin")], b"");
         let mut lines: Vec<&str> = out.lines().collect();
         lines.sort_unstable();
@@ -333,7 +329,7 @@ mod tests {
     #[test]
     fn the_child_leads_its_own_process_group() {
         let (stat, status) = run("cat", &["/proc/self/stat"], &[], b"");
-        assert_eq!(status, 0);
+        assert_eq!(status.code(), Some(0));
         // pid (comm) state ppid pgrp …: comm may hold spaces, so read after the last ')'.
         let pid: i32 = stat
             .split(' ')
