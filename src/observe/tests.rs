@@ -1099,30 +1099,27 @@ async fn a_paced_observer_rests_while_traffic_flows_and_loses_nothing() {
     const PER_CHUNK: u64 = 50;
     const AHEAD: u64 = 6_000;
     let (mut c2s, mut s2c, rx, stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-    let chunk = |first: u64| {
+    let t0 = Instant::now();
+    // The relay's hand-over of calls `first..first + PER_CHUNK`, both directions, stamped as
+    // read `first` µs into the run.
+    let pass = move |c2s: &mut crate::tap::TapSender, s2c: &mut crate::tap::TapSender, first| {
         let ids = first..first + PER_CHUNK;
         let reqs: String = ids
             .clone()
             .map(|i| format!("{}\n", call(json!(i), "t", json!({}))))
             .collect();
         let resps: String = ids.map(|i| format!("{}\n", ok(json!(i)))).collect();
-        (Bytes::from(reqs), Bytes::from(resps))
+        let at = t0 + Duration::from_micros(first);
+        c2s.offer(at, Bytes::from(reqs));
+        s2c.offer(at + Duration::from_micros(1), Bytes::from(resps));
     };
-    let t0 = Instant::now();
     // A burst the relay has passed before the observer's first look: more than `PACE_BEHIND`
     // behind, and new chunks at that look, whatever the machine's speed. Timing alone (a
     // relay thread racing the observer) left a fast machine's observer never behind.
     for first in (0..AHEAD).step_by(PER_CHUNK as usize) {
-        let (reqs, resps) = chunk(first);
-        let at = t0 + Duration::from_micros(first);
-        c2s.offer(at, reqs);
-        s2c.offer(at + Duration::from_micros(1), resps);
+        pass(&mut c2s, &mut s2c, first);
     }
-    assert!(
-        stats.passed_bytes(crate::tap::Direction::ClientToServer)
-            + stats.passed_bytes(crate::tap::Direction::ServerToClient)
-            >= crate::pace::PACE_BEHIND
-    );
+    assert!(stats.passed_bytes(C2S) + stats.passed_bytes(S2C) >= crate::pace::PACE_BEHIND);
     // As on a CPU shared with the relay, whatever this machine has.
     let pacer = std::sync::Arc::new(crate::pace::Pacer::new(true));
     let task = tokio::spawn(run_tap_observer(
@@ -1134,10 +1131,7 @@ async fn a_paced_observer_rests_while_traffic_flows_and_loses_nothing() {
     // the observer is still busy while chunks keep coming.
     let relay = std::thread::spawn(move || {
         for first in (AHEAD..CALLS).step_by(PER_CHUNK as usize) {
-            let (reqs, resps) = chunk(first);
-            let at = t0 + Duration::from_micros(first);
-            c2s.offer(at, reqs);
-            s2c.offer(at + Duration::from_micros(1), resps);
+            pass(&mut c2s, &mut s2c, first);
             if first % (PER_CHUNK * 20) == 0 {
                 std::thread::sleep(Duration::from_millis(2));
             }
