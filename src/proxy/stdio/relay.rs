@@ -30,9 +30,11 @@ use crate::tap::TapSender;
 /// What a relay loop (or the waiter) tells the session when it is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Note {
-    /// Our stdin reached EOF (or failed): the client closed; the child's stdin is now closed.
+    /// Our stdin reached EOF (or failed): the client closed. The child's stdin is closed right
+    /// after this note is sent, so a child that exits on that EOF is always noted after it.
     ClientEof,
-    /// Writing to our stdout failed (EPIPE): the client is gone. The child's stdout is closed.
+    /// Writing to our stdout failed (EPIPE): the client is gone. The child's stdout is closed
+    /// right after this note is sent.
     ClientGone,
     /// The child's stdout reached EOF and everything read from it was written to our stdout.
     ServerEof,
@@ -318,8 +320,8 @@ fn read_spare<R: AsFd>(r: &R, block: &mut BytesMut) -> io::Result<usize> {
     }
 }
 
-/// Client → server: our stdin into the child's stdin. On our EOF it closes the child's stdin
-/// (dropping it) and reports [`Note::ClientEof`]. If the child closes its stdin first, it keeps
+/// Client → server: our stdin into the child's stdin. On our EOF it reports [`Note::ClientEof`]
+/// and then closes the child's stdin (dropping it). If the child closes its stdin first, it keeps
 /// reading ours and discards (as a server that stopped reading would leave the client writing
 /// into a pipe; blocking the client instead could deadlock it against its own reader).
 pub fn client_to_server<W: Write + AsFd>(
@@ -353,11 +355,13 @@ pub fn client_to_server<W: Write + AsFd>(
             tap.offer(seen, buf.take());
         }
     }
-    drop(output);
     if let Some(tap) = &tap {
         tap.close(Instant::now());
     }
+    // The note goes before the child's stdin closes: a server that exits on that EOF must be
+    // seen exiting after the client closed, or the session would be put down to the server.
     let _ = notes.send(Note::ClientEof);
+    drop(output);
 }
 
 /// Server → client: the child's stdout onto ours. Ends at the child's EOF with every byte
@@ -389,11 +393,12 @@ pub fn server_to_client<R: AsFd>(
             tap.offer(seen, buf.take());
         }
     };
-    drop(input);
     if let Some(tap) = &tap {
         tap.close(Instant::now());
     }
+    // As in `client_to_server`: a server killed by the broken pipe exits after the note.
     let _ = notes.send(note);
+    drop(input);
 }
 
 #[cfg(test)]
@@ -616,5 +621,47 @@ mod tests {
         let t0 = Instant::now();
         slot.close(t0);
         assert!(t0.elapsed() < HAND_OFF_WAIT);
+    }
+    /// Who ended the session is read from the order of the notes: a server that exits because
+    /// its pipe closed must be noted after the loop that closed it, or a client's close would be
+    /// put down to the server. Here a thread plays a server that reports its exit the moment it
+    /// sees its end of the pipe close. With the notes sent after the close, this test failed in
+    /// 4 of 5 runs (and the lifecycle test `end_cause_distinguishes_server_exit_from_client_close`
+    /// now and then); with them sent before, the order is causal and it cannot fail.
+    #[test]
+    fn the_loop_notes_its_end_before_the_server_sees_its_pipe_close() {
+        use std::io::Read;
+        use std::os::fd::OwnedFd;
+        for _ in 0..200 {
+            // The client closes our stdin; the server exits at EOF on its own.
+            let (ours, client) = std::io::pipe().expect("pipe");
+            drop(client);
+            let (mut server_in, to_server) = std::io::pipe().expect("pipe");
+            let (tx, rx) = std::sync::mpsc::channel();
+            let exited = tx.clone();
+            let server = std::thread::spawn(move || {
+                let _ = server_in.read(&mut [0u8; 1]);
+                let _ = exited.send(Note::ChildExited);
+            });
+            client_to_server(File::from(OwnedFd::from(ours)), to_server, None, tx);
+            server.join().expect("server thread");
+            assert_eq!(rx.recv(), Ok(Note::ClientEof));
+            assert_eq!(rx.recv(), Ok(Note::ChildExited));
+
+            // The client stops reading our stdout; the server dies of the broken pipe.
+            let (client, ours) = std::io::pipe().expect("pipe");
+            drop(client);
+            let (from_server, mut server_out) = std::io::pipe().expect("pipe");
+            let (tx, rx) = std::sync::mpsc::channel();
+            let exited = tx.clone();
+            let server = std::thread::spawn(move || {
+                while server_out.write_all(b"x").is_ok() {}
+                let _ = exited.send(Note::ChildExited);
+            });
+            server_to_client(from_server, File::from(OwnedFd::from(ours)), None, tx);
+            server.join().expect("server thread");
+            assert_eq!(rx.recv(), Ok(Note::ClientGone));
+            assert_eq!(rx.recv(), Ok(Note::ChildExited));
+        }
     }
 }
