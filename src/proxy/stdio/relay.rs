@@ -622,6 +622,7 @@ mod tests {
         slot.close(t0);
         assert!(t0.elapsed() < HAND_OFF_WAIT);
     }
+
     /// Who ended the session is read from the order of the notes: a server that exits because
     /// its pipe closed must be noted after the loop that closed it, or a client's close would be
     /// put down to the server. Here a thread plays a server that reports its exit the moment it
