@@ -80,6 +80,20 @@ pub enum TapMsg {
     },
 }
 
+/// Where the bytes a relay loop has read stand, for the observer ([`TapReceiver::arrival`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Every byte read has been handed over by [`TapReceiver::drain`]: a frame of the other
+    /// direction cannot be overtaken by one of this direction that it caused or answered.
+    Settled,
+    /// Chunks are queued: the observer has them in reach, and their timestamps will order them.
+    Queued,
+    /// Nothing is queued, but bytes were read and are being forwarded (see
+    /// [`TapSender::begin`]): the relay thread may be preempted before it offers them, so this
+    /// is the only state in which the observer must wait without knowing for how long.
+    Forwarding,
+}
+
 /// Counters shared by both senders; read at exit for `--debug`.
 #[derive(Debug, Default)]
 pub struct TapStats {
@@ -569,14 +583,17 @@ impl TapReceiver {
         self.shared.wake.notified().await;
     }
 
-    /// True when every byte the relay has read in `dir` so far has been handed over by
-    /// [`TapReceiver::drain`]: none is being forwarded (see [`TapSender::begin`]) and none is
-    /// queued. A frame of the other direction then cannot be overtaken by one of `dir` that it
-    /// could have caused or answered.
-    pub fn settled(&self, dir: Direction) -> bool {
+    /// Where the bytes the relay has read in `dir` so far stand (see [`Arrival`]).
+    pub fn arrival(&self, dir: Direction) -> Arrival {
         // `active` first: an offer pushes under the lock before it clears `active`.
-        !self.shared.active[dir.index()].load(Ordering::SeqCst)
-            && lock(&self.shared.state).queued[dir.index()] == 0
+        let active = self.shared.active[dir.index()].load(Ordering::SeqCst);
+        if lock(&self.shared.state).queued[dir.index()] > 0 {
+            Arrival::Queued
+        } else if active {
+            Arrival::Forwarding
+        } else {
+            Arrival::Settled
+        }
     }
 
     /// One queued message, if any: the tests' view of the queue, one message at a time.
@@ -656,18 +673,25 @@ mod tests {
     fn direction_is_settled_only_when_nothing_read_is_unhanded() {
         let (mut c2s, _s2c, mut rx, _stats) = tap(TAP_CAPACITY);
         let d = Direction::ClientToServer;
-        assert!(rx.settled(d), "nothing read yet");
+        assert_eq!(rx.arrival(d), Arrival::Settled, "nothing read yet");
         c2s.begin();
-        assert!(!rx.settled(d), "read, being forwarded");
+        assert_eq!(rx.arrival(d), Arrival::Forwarding, "read, being forwarded");
         c2s.offer(Instant::now(), Bytes::from_static(b"x"));
-        assert!(!rx.settled(d), "offered, still queued");
+        assert_eq!(rx.arrival(d), Arrival::Queued, "offered, still queued");
+        c2s.begin();
+        assert_eq!(rx.arrival(d), Arrival::Queued, "queued and read more");
+        c2s.settle();
         let mut out = VecDeque::new();
         assert_eq!(rx.drain(&mut out), Drained::Some);
-        assert!(rx.settled(d), "handed over");
+        assert_eq!(rx.arrival(d), Arrival::Settled, "handed over");
         c2s.begin();
         c2s.settle();
-        assert!(rx.settled(d), "a failed write announces nothing");
-        assert!(rx.settled(Direction::ServerToClient));
+        assert_eq!(
+            rx.arrival(d),
+            Arrival::Settled,
+            "a failed write announces nothing"
+        );
+        assert_eq!(rx.arrival(Direction::ServerToClient), Arrival::Settled);
     }
 
     use crate::observe::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use crate::event::EventSink;
 use crate::pace::Pacer;
-use crate::tap::{Direction, Drained, TapMsg, TapReceiver};
+use crate::tap::{Arrival, Direction, Drained, TapMsg, TapReceiver};
 
 use super::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
 use super::observer::Observer;
@@ -115,8 +115,10 @@ fn past_cutoff(close: &CloseReceiver) -> bool {
 /// hands its bytes to the tap *after* forwarding them, so a request can reach the channel after
 /// the response it caused (or a 2026-07-28 retry before the `input_required` it answers) when a
 /// thread is preempted between its write and its hand-off. Frames are observed in the order of
-/// their relay timestamps: a frame is released once the other direction has shown a later one,
-/// or after this hold. It delays observation, never the relay.
+/// their relay timestamps: a frame is released once the other direction has shown a later one
+/// or has nothing left to hand over, or after this hold while the other direction's bytes are
+/// being forwarded and none of them is queued yet (see [`Arrival`]). It delays observation,
+/// never the relay.
 pub const REORDER_HOLD: Duration = Duration::from_millis(25);
 
 /// A frame waiting in the reorder window.
@@ -140,8 +142,8 @@ struct Reorder {
 
 impl Reorder {
     /// Takes a frame the splitter completed. When nothing is held and the other direction has
-    /// settled (every byte it read is already in the observer's hands, see
-    /// [`crate::tap::TapReceiver::settled`]) or closed, nothing can overtake the frame: it is
+    /// settled (every byte it read is already in the observer's hands, see [`Arrival`]) or
+    /// closed, nothing can overtake the frame: it is
     /// observed at once, in place, without a copy. Otherwise it is held: a frame inside the tap
     /// chunk `chunk` (the common case) as a zero-copy slice of it, a frame the splitter assembled
     /// from several chunks as a copy of the splitter's buffer.
@@ -153,12 +155,12 @@ impl Reorder {
         seen: Instant,
         chunk: &bytes::Bytes,
         s: Split<'_>,
-        other_settled: bool,
+        other_arrival: Arrival,
     ) {
         let i = dir.index();
         let other = 1 - i;
         let clear = self.queues[i].is_empty() && self.queues[other].is_empty();
-        if clear && (other_settled || self.closed[other]) {
+        if clear && (other_arrival == Arrival::Settled || self.closed[other]) {
             match s {
                 Split::Frame(f) => obs.on_frame(StreamId(0), dir, seen, f),
                 Split::Summary { skeleton, len } => {
@@ -183,18 +185,31 @@ impl Reorder {
     }
 
     /// Observes every frame that can no longer be overtaken (`drain`: all), at most `limit` of
-    /// them; true if it stopped at the limit with more releasable frames left. `settled`: per
-    /// direction, whether every byte the relay read is already in the observer's hands.
+    /// them; true if it stopped at the limit with more releasable frames left. `arrivals`: per
+    /// direction, where the bytes the relay read stand. A frame waits out [`REORDER_HOLD`] only
+    /// while the other direction is [`Arrival::Forwarding`]: when its chunks are queued, they
+    /// are ordered by their timestamps as soon as they are split, however far behind the relay
+    /// the observer is (the hold, counted from the relay's timestamp, has then long passed, and
+    /// releasing on it put a burst's answers before their requests).
     fn release<S: EventSink>(
         &mut self,
         obs: &mut Observer<S>,
         now: Instant,
         drain: bool,
         limit: usize,
-        settled: [bool; 2],
+        arrivals: [Arrival; 2],
         pacer: &Pacer,
     ) -> bool {
         const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+        let may_go = |held: Instant, other: usize| {
+            drain
+                || self.closed[other]
+                || match arrivals[other] {
+                    Arrival::Settled => true,
+                    Arrival::Queued => false,
+                    Arrival::Forwarding => now.saturating_duration_since(held) >= REORDER_HOLD,
+                }
+        };
         for _ in 0..limit {
             let heads = [
                 self.queues[0].front().map(|h| h.seen),
@@ -202,16 +217,8 @@ impl Reorder {
             ];
             let pick = match heads {
                 [Some(a), Some(b)] => Some(if a <= b { 0 } else { 1 }),
-                [Some(a), None] => (drain
-                    || self.closed[1]
-                    || settled[1]
-                    || now.saturating_duration_since(a) >= REORDER_HOLD)
-                    .then_some(0),
-                [None, Some(b)] => (drain
-                    || self.closed[0]
-                    || settled[0]
-                    || now.saturating_duration_since(b) >= REORDER_HOLD)
-                    .then_some(1),
+                [Some(a), None] => may_go(a, 1).then_some(0),
+                [None, Some(b)] => may_go(b, 0).then_some(1),
                 [None, None] => None,
             };
             let Some(i) = pick else { return false };
@@ -298,13 +305,14 @@ async fn pace_to_sink<S: EventSink>(
     *stalled_since = None;
 }
 
-/// Per direction: has every byte the relay read in it reached the splitter? `left`: chunks of
-/// each direction drained from the tap but not yet split.
-fn settled(rx: &TapReceiver, left: &[usize; 2]) -> [bool; 2] {
-    [
-        left[0] == 0 && rx.settled(Direction::ClientToServer),
-        left[1] == 0 && rx.settled(Direction::ServerToClient),
-    ]
+/// Per direction: where the bytes the relay read stand, counting as queued the chunks drained
+/// from the tap but not yet split (`left`).
+fn arrivals(rx: &TapReceiver, left: &[usize; 2]) -> [Arrival; 2] {
+    let of = |dir: Direction| match left[dir.index()] {
+        0 => rx.arrival(dir),
+        _ => Arrival::Queued,
+    };
+    [of(Direction::ClientToServer), of(Direction::ServerToClient)]
 }
 
 /// How the observer keeps pace with what it shares: the reporter's queue (how long it has been
@@ -331,9 +339,9 @@ async fn release_paced<S: EventSink>(
             return;
         }
         pace_to_sink(obs, &mut pace.stalled, pace.close).await;
-        let settled = settled(rx, left);
+        let arrivals = arrivals(rx, left);
         let now = Instant::now();
-        if !reorder.release(obs, now, drain, FRAMES_PER_TURN, settled, pacer) {
+        if !reorder.release(obs, now, drain, FRAMES_PER_TURN, arrivals, pacer) {
             return;
         }
         tokio::task::yield_now().await;
@@ -452,10 +460,10 @@ pub async fn run_tap_observer_with<S: EventSink>(
                         observer.on_gap(c.dir, c.seen);
                     }
                     last_seen[i] = Some(c.seen);
-                    let other_settled = settled(&rx, &left)[1 - i];
+                    let other = arrivals(&rx, &left)[1 - i];
                     let before = observer.stats.events;
                     splitters[i].push(&c.bytes, c.after_gap, c.skipped, |s| {
-                        reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other_settled);
+                        reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other);
                         pacer.pace();
                     });
                     progress.add_taken(c.dir, c.bytes.len());
@@ -467,16 +475,9 @@ pub async fn run_tap_observer_with<S: EventSink>(
                 }
                 TapMsg::Closed { dir, seen } => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
-                    let other_settled = settled(&rx, &left)[1 - dir.index()];
+                    let other = arrivals(&rx, &left)[1 - dir.index()];
                     splitters[dir.index()].flush(|s| {
-                        reorder.push(
-                            &mut observer,
-                            dir,
-                            at,
-                            &bytes::Bytes::new(),
-                            s,
-                            other_settled,
-                        )
+                        reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, other)
                     });
                     reorder.closed[dir.index()] = true;
                     // The session is ending: look again at once, the other side follows soon.
@@ -503,8 +504,16 @@ pub async fn run_tap_observer_with<S: EventSink>(
     if !cut {
         for dir in [Direction::ClientToServer, Direction::ServerToClient] {
             let at = last_seen[dir.index()].unwrap_or_else(Instant::now);
-            splitters[dir.index()]
-                .flush(|s| reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, true));
+            splitters[dir.index()].flush(|s| {
+                reorder.push(
+                    &mut observer,
+                    dir,
+                    at,
+                    &bytes::Bytes::new(),
+                    s,
+                    Arrival::Settled,
+                )
+            });
         }
         pacer.set_closing();
         release_paced(&mut reorder, &mut observer, true, &rx, &[0, 0], &mut pace).await;
@@ -516,4 +525,59 @@ pub async fn run_tap_observer_with<S: EventSink>(
     }
     observer.sync_health(rx.dropped_bytes());
     observer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(s: &str) -> bytes::Bytes {
+        bytes::Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    /// An observer far behind the relay (here 1 s) holds an answer as long as the request it
+    /// answers is queued, whatever the hold's clock says: released on the hold, a burst's
+    /// answers went before their requests, each copied aside and read twice.
+    #[test]
+    fn an_answer_waits_for_queued_requests_however_late_the_observer_is() {
+        const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+        let pacer = Pacer::new(false);
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(1);
+        let request = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"pay"}}"#;
+        let answer = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
+        for (requests, early) in [(Arrival::Queued, 0), (Arrival::Forwarding, 1)] {
+            let mut obs = Observer::new(crate::observe::tests::cfg(), Vec::new());
+            let mut reorder = Reorder::default();
+            let (a, r) = (line(answer), line(request));
+            let at = t0 + Duration::from_millis(5);
+            reorder.push(&mut obs, DIRS[1], at, &a, Split::Frame(&a), requests);
+            let more = reorder.release(
+                &mut obs,
+                now,
+                false,
+                64,
+                [requests, Arrival::Settled],
+                &pacer,
+            );
+            assert!(!more);
+            assert_eq!(reorder.is_empty(), early == 1, "{requests:?}");
+            assert_eq!(obs.early.len(), early, "{requests:?}");
+            reorder.push(
+                &mut obs,
+                DIRS[0],
+                t0,
+                &r,
+                Split::Frame(&r),
+                Arrival::Settled,
+            );
+            let arrivals = [Arrival::Settled, Arrival::Settled];
+            reorder.release(&mut obs, now, false, 64, arrivals, &pacer);
+            assert!(reorder.is_empty() && obs.early.is_empty(), "{requests:?}");
+            let (stats, events) = obs.finish(now, crate::observe::EndCause::SessionEnd);
+            assert_eq!(events.len(), 1, "{requests:?}: {stats:?}");
+            assert_eq!(events[0].status, 200);
+            assert!((events[0].dur_ms - 5.0).abs() < 0.001);
+        }
+    }
 }

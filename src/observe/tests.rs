@@ -11,7 +11,7 @@ use crate::event::{filter_event, ErrKind, Event, EventClass};
 use crate::tap::Direction;
 use crate::tap::Direction::{ClientToServer as C2S, ServerToClient as S2C};
 
-fn cfg() -> ObserverConfig {
+pub(super) fn cfg() -> ObserverConfig {
     ObserverConfig {
         transport: Transport::Stdio,
         server_name: None,
