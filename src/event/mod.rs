@@ -1,7 +1,8 @@
 //! The action-grade event (envelope v2, DESIGN §4): metadata only.
 //!
-//! Owns the [`Event`] type, the batch type, and (in submodules) the privacy layers and the L3
-//! schema filter that both the sensor and the ingest run. Goes in: facts the observer measured.
+//! Owns the [`Event`] type, the batch type, how an event is written into it ([`EventWriter`]),
+//! and (in submodules) the privacy layers and the L3 schema filter that both the sensor and the
+//! ingest run. Goes in: facts the observer measured.
 //! Comes out: a struct whose every field is metadata. It must never hold request or response
 //! contents: the only argument values it can carry are in `rec.fields`, and those only after
 //! [`privacy`] has passed them.
@@ -14,7 +15,7 @@ pub mod privacy;
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -443,23 +444,24 @@ impl BatchBody {
         }
     }
 
-    /// [`BatchBody::push`], unless the events' bytes would then pass `max_event_bytes` and the
-    /// body already holds one: `Ok(false)`, and the body is left as it was, so that the caller
-    /// can send it and start the next batch with this event. An empty body always takes the
-    /// event, so no event is ever refused for its size alone.
-    pub fn push_within(
-        &mut self,
-        event: &Event,
-        max_event_bytes: usize,
-    ) -> Result<bool, serde_json::Error> {
-        let (mark, count) = (self.buf.len(), self.count);
-        self.push(event)?;
-        if count > 0 && self.events().len() > max_event_bytes {
-            self.buf.truncate(mark);
-            self.count = count;
-            return Ok(false);
+    /// Appends one event [`EventWriter`] wrote, unless the events' bytes would then pass
+    /// `max_event_bytes` and the body already holds one: `false`, and the body is left as it
+    /// was, so that the caller can send it and start the next batch with this event. An empty
+    /// body always takes the event, so no event is ever refused for its size alone.
+    pub fn push_written(&mut self, event: &Written, max_event_bytes: usize) -> bool {
+        let comma = usize::from(self.count > 0);
+        if self.count > 0 && self.events().len() + comma + event.0.len() > max_event_bytes {
+            return false;
         }
-        Ok(true)
+        if self.buf.is_empty() {
+            self.buf.resize(HEAD_ROOM, 0);
+        }
+        if comma == 1 {
+            self.buf.push(b',');
+        }
+        self.buf.extend_from_slice(&event.0);
+        self.count += 1;
+        true
     }
 
     /// The events' bytes so far.
@@ -520,6 +522,62 @@ impl BatchBody {
         };
         self.clear();
         Ok(out)
+    }
+}
+
+/// An event that passed the L3 filter, as a batch carries it. Only [`EventWriter::write`]
+/// makes one, so whatever holds these holds nothing unfiltered.
+#[derive(Debug, Clone)]
+pub struct Written(Bytes);
+
+impl Written {
+    /// The event's JSON.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Why [`EventWriter::write`] wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Filtered(#[from] FilterError),
+    /// serde_json has none to give for an [`Event`] (its maps have string keys).
+    #[error("event could not be encoded: {0}")]
+    Encoding(#[from] serde_json::Error),
+}
+
+/// Bytes of one block that [`EventWriter`] writes events into.
+const WRITE_BLOCK: usize = 16 * 1024;
+
+/// Filters events (L3) and writes those that pass, where they are made: the reporter's queue
+/// then carries their bytes instead of the events. An event's strings are freed right after
+/// they were made, so the allocator hands the same memory to the next event (its thread cache
+/// holds a few blocks of each size, and a burst queued thousands of events before the batcher
+/// freed them, each allocation then taking the allocator's slow path), and the queue's items
+/// need no allocation of their own: events are written one after another into blocks of
+/// [`WRITE_BLOCK`] bytes and handed out as slices of them (a reference, not a copy); a block
+/// is freed when the last of its events has gone into a batch (bench/README.md, "Events
+/// written where they are made").
+#[derive(Debug, Default)]
+pub struct EventWriter {
+    /// Where an event is written first: a `Vec`'s appends are inlined where a block's are
+    /// calls, and the one copy into the block costs less than the difference.
+    scratch: Vec<u8>,
+    block: BytesMut,
+}
+
+impl EventWriter {
+    /// Filters `event` in place (see [`filter_event_in_place`]) and writes it.
+    pub fn write(&mut self, event: &mut Event) -> Result<Written, WriteError> {
+        filter_event_in_place(event)?;
+        self.scratch.clear();
+        write_event(&mut self.scratch, event)?;
+        if self.block.capacity() < self.scratch.len() {
+            self.block = BytesMut::with_capacity(WRITE_BLOCK.max(self.scratch.len()));
+        }
+        self.block.extend_from_slice(&self.scratch);
+        Ok(Written(self.block.split().freeze()))
     }
 }
 
@@ -796,6 +854,92 @@ mod tests {
             let serde = serde_json::to_vec(&ev).expect("serialises");
             proptest::prop_assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&serde));
         }
+    }
+
+    /// What the reporter's queue carries is the filtered event's JSON, however many events
+    /// share a block and whatever their sizes (one larger than a block included); an event the
+    /// filter refuses is not written and leaves the next one whole; and a batch of written
+    /// events is the batch of the events.
+    #[test]
+    fn written_events_are_the_filtered_events_json() {
+        let ev: Event =
+            serde_json::from_value(filter::tests::sample()).expect("the sample is an Event");
+        let mut wide = ev.clone();
+        wide.rec.fields = Some(
+            (0..privacy::MAX_FIELDS)
+                // Six bytes each once escaped (`\u0001`): past a block in all.
+                .map(|i| {
+                    let value = "\u{1}".repeat(privacy::MAX_VALUE_LEN);
+                    (format!("note_{i:02}"), Value::String(value))
+                })
+                .collect(),
+        );
+        let mut refused = ev.clone();
+        refused.dest.path_template = "no-slash".into();
+        let mut writer = EventWriter::default();
+        let mut held = Vec::new();
+        let mut body = BatchBody::default();
+        for i in 0..200 {
+            let mut e = match i % 50 {
+                7 => wide.clone(),
+                9 => refused.clone(),
+                _ => ev.clone(),
+            };
+            e.id = format!("{i:032x}");
+            let want = filter_event(e.clone());
+            match (writer.write(&mut e), want) {
+                (Ok(w), Ok(kept)) => {
+                    let json = serde_json::to_vec(&kept).expect("serialises");
+                    assert_eq!(w.as_bytes(), json, "event {i}");
+                    assert!(body.push_written(&w, usize::MAX));
+                    held.push((w, kept));
+                }
+                (Err(WriteError::Filtered(_)), Err(_)) => {}
+                (got, want) => panic!("event {i}: wrote {got:?}, the filter said {want:?}"),
+            }
+        }
+        assert!(
+            wide_len(&wide) > WRITE_BLOCK,
+            "one event is larger than a block"
+        );
+        assert_eq!(held.len(), 196);
+        // Held slices keep their bytes while later events fill later blocks.
+        for (w, kept) in &held {
+            assert_eq!(w.as_bytes(), serde_json::to_vec(kept).expect("serialises"));
+        }
+        let mut direct = BatchBody::default();
+        for (_, kept) in &held {
+            direct.push(kept).expect("encodes");
+        }
+        let sensor = SensorInfo {
+            version: "0.1.0".into(),
+            transport: "stdio".into(),
+            health: None,
+        };
+        assert_eq!(
+            body.take(&sensor, 4).expect("encodes"),
+            direct.take(&sensor, 4).expect("encodes")
+        );
+    }
+
+    fn wide_len(ev: &Event) -> usize {
+        serde_json::to_vec(&filter_event(ev.clone()).expect("passes")).map_or(0, |v| v.len())
+    }
+
+    /// A body past its byte bound takes no more, and is left as it was; an empty one takes any
+    /// event.
+    #[test]
+    fn a_written_event_past_the_bound_is_left_for_the_next_batch() {
+        let mut ev: Event =
+            serde_json::from_value(filter::tests::sample()).expect("the sample is an Event");
+        let w = EventWriter::default().write(&mut ev).expect("passes");
+        let n = w.as_bytes().len();
+        let mut body = BatchBody::default();
+        assert!(body.push_written(&w, 1), "an empty body takes any event");
+        assert!(!body.push_written(&w, 2 * n), "a comma too many");
+        assert_eq!((body.len(), body.events().len()), (1, n));
+        assert!(body.push_written(&w, 2 * n + 1));
+        assert_eq!(body.len(), 2);
     }
 
     /// `rec.fields` behaves as the map it replaced: key order, the last of a repeated key, the

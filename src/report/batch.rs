@@ -1,9 +1,10 @@
 //! The batcher: the reporter's one task, shaped like a sink pipeline.
 //!
-//! `queue → filter (L3) → batched(500 events, 1 MiB, flush interval) → encode → send with one
-//! retry → record outcome (Delivered / Errored / Rejected) → back off while the ingest fails`.
+//! `queue → batched(500 events, 1 MiB, flush interval) → encode → send with one retry → record
+//! outcome (Delivered / Errored / Rejected) → back off while the ingest fails`.
 //!
-//! Goes in: [`Event`]s from the bounded queue the observer fills. Comes out: encoded batches
+//! Goes in: [`Written`] events (filtered and written by the queue, `super::EventQueue`) from
+//! the bounded queue the observer fills, and the count of those the filter refused. Comes out: encoded batches
 //! handed to a `Sink`, and [`ReportStats`]; an event that does not reach the sink is counted in
 //! a later batch's `dropped`. Every failure on this path is counted and logged once, never
 //! propagated: nothing here can reach the relay or the wrapped server. It must never block the
@@ -34,7 +35,7 @@ use super::retry::{
 use super::sink::{Sink, Tuning};
 use super::stats::{summarise, warn_once, FailureKind, FailureLog, ReportStats};
 pub use crate::event::BATCH_VERSION;
-use crate::event::{filter_event_in_place, BatchBody, Event, SensorInfo, MAX_BATCH_EVENTS};
+use crate::event::{BatchBody, SensorInfo, Written, MAX_BATCH_EVENTS};
 
 /// Largest body the batcher posts: a batch is sent before the next event would take it past
 /// this. 1 MiB is a quarter of the reference ingest's 4 MiB limit and the default body limit of
@@ -76,9 +77,11 @@ enum Outcome {
 pub(crate) type Deadline = watch::Receiver<Option<Instant>>;
 
 pub(crate) struct Batcher {
-    pub(crate) rx: mpsc::Receiver<Box<Event>>,
+    pub(crate) rx: mpsc::Receiver<Written>,
     /// Incremented by the queue's producers when it is full.
     pub(crate) queue_dropped: Arc<AtomicU64>,
+    /// Incremented by the queue's producers for each event the L3 filter refused.
+    pub(crate) filtered: Arc<AtomicU64>,
     /// `None`: reporting is off and no socket is ever opened. The queue then counts events
     /// itself and sends none here (`EventQueue`); one that arrives anyway is counted as unsent.
     pub(crate) sink: Option<Sink>,
@@ -96,7 +99,7 @@ pub(crate) struct Batcher {
     pub(crate) pacer: Option<Arc<crate::pace::Pacer>>,
     /// A filtered event that would have taken the batch past [`MAX_BATCH_BYTES`]: the batch is
     /// sent first, and this event opens the next one.
-    pub(crate) overflow: Option<Box<Event>>,
+    pub(crate) overflow: Option<Written>,
     /// Events lost since the last accepted batch (queue full, rejected by the L3 filter, in a
     /// failed batch); carried in the next batch's `dropped` and reset only when a batch is
     /// accepted, so the ingest learns about losses as soon as it is reachable again.
@@ -122,7 +125,7 @@ pub(crate) struct Batcher {
 
 /// What woke the main loop.
 enum Wake {
-    Event(Box<Event>),
+    Event(Written),
     Closed,
     Shutdown,
     FlushDue,
@@ -199,7 +202,7 @@ impl Batcher {
     }
 
     /// The next event already queued, if the batch has room for it.
-    fn next_queued(&mut self) -> Option<Box<Event>> {
+    fn next_queued(&mut self) -> Option<Written> {
         if self.is_full() {
             return None;
         }
@@ -207,43 +210,21 @@ impl Batcher {
     }
 
     /// [`Batcher::push`] for an event taken from the queue, then the pacer's turn.
-    fn push_paced(&mut self, ev: Box<Event>) {
+    fn push_paced(&mut self, ev: Written) {
         self.push(ev);
         if let Some(p) = &self.pacer {
             p.pace();
         }
     }
 
-    /// Filters one event (L3) into the current batch; a rejected event is counted, never sent.
-    /// Called only when the batch is not full.
-    fn push(&mut self, mut ev: Box<Event>) {
-        // The typed form of `validate_and_filter_event` (proven equal to it over generated
-        // events), without building a `Value` of the event first.
-        match filter_event_in_place(&mut ev) {
-            Ok(()) => self.append(ev),
-            Err(e) => self.reject(&e),
-        }
-    }
-
-    /// Adds a filtered event to the batch, or holds it for the next one if it would take this
-    /// one past [`MAX_BATCH_BYTES`].
-    fn append(&mut self, ev: Box<Event>) {
-        match self
+    /// Adds a written event to the batch, or holds it for the next one if it would take this
+    /// one past [`MAX_BATCH_BYTES`]. Called only when the batch is not full.
+    fn push(&mut self, ev: Written) {
+        if !self
             .buf
-            .push_within(&ev, MAX_BATCH_BYTES - ENVELOPE_RESERVE)
+            .push_written(&ev, MAX_BATCH_BYTES - ENVELOPE_RESERVE)
         {
-            Ok(true) => {}
-            Ok(false) => self.overflow = Some(ev),
-            Err(e) => self.reject(&e),
-        }
-    }
-
-    fn reject(&mut self, e: &dyn std::fmt::Display) {
-        self.stats.filtered += 1;
-        self.pending_dropped += 1;
-        warn_once(&mut self.log, FailureKind::Filter, &"");
-        if self.debug {
-            tracing::debug!(error = %e, "Event rejected by the schema filter");
+            self.overflow = Some(ev);
         }
     }
 
@@ -321,7 +302,7 @@ impl Batcher {
         self.flush_inner().await;
         if let Some(ev) = self.overflow.take() {
             // The batch is empty now, and an empty batch takes any event.
-            self.append(ev);
+            self.push(ev);
         }
         self.publish();
     }
@@ -453,13 +434,20 @@ impl Batcher {
         }
     }
 
-    /// Moves the queue's full-drops into the pending count and the stats.
+    /// Moves the queue's full-drops and the events the filter refused into the pending count
+    /// and the stats.
     fn take_queue_drops(&mut self) {
         let q = self.queue_dropped.swap(0, Ordering::Relaxed);
         if q > 0 {
             self.stats.queue_full += q;
             self.pending_dropped += q;
             warn_once(&mut self.log, FailureKind::QueueFull, &"");
+        }
+        let f = self.filtered.swap(0, Ordering::Relaxed);
+        if f > 0 {
+            self.stats.filtered += f;
+            self.pending_dropped += f;
+            warn_once(&mut self.log, FailureKind::Filter, &"");
         }
     }
 
@@ -515,7 +503,7 @@ mod tests {
     use super::*;
     use crate::event::privacy::{MAX_FIELDS, MAX_KEY_LEN, MAX_VALUE_LEN};
     use crate::event::{
-        filter::MAX_TEXT_LEN, new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, ErrKind,
+        filter::MAX_TEXT_LEN, new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, ErrKind, Event,
         EventClass, EventErr, Rec, Session,
     };
     use crate::report::sink::FileSink;
@@ -644,11 +632,19 @@ mod tests {
         );
     }
 
-    fn batcher(sink: Option<Sink>, rx: mpsc::Receiver<Box<Event>>, deadline: Deadline) -> Batcher {
+    /// `ev` as the queue hands it over.
+    fn written(mut ev: Event) -> Written {
+        crate::event::EventWriter::default()
+            .write(&mut ev)
+            .expect("passes L3")
+    }
+
+    fn batcher(sink: Option<Sink>, rx: mpsc::Receiver<Written>, deadline: Deadline) -> Batcher {
         let tuning = Tuning::default();
         Batcher {
             rx,
             queue_dropped: Arc::default(),
+            filtered: Arc::default(),
             sink,
             flush: Duration::from_secs(600),
             transport: "stdio",
@@ -679,7 +675,7 @@ mod tests {
         for _ in 0..n {
             let ev = wide_event();
             ids.push(ev.id.clone());
-            tx.try_send(Box::new(ev)).expect("room");
+            tx.try_send(written(ev)).expect("room");
         }
         drop(tx);
         let (_deadline_tx, deadline) = watch::channel(None);
@@ -717,7 +713,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (tx, rx) = mpsc::channel(16);
         for _ in 0..3 {
-            tx.try_send(Box::new(wide_event())).expect("room");
+            tx.try_send(written(wide_event())).expect("room");
         }
         let start = Instant::now();
         let (deadline_tx, deadline) = watch::channel(Some(start + Duration::from_secs(2)));
@@ -742,7 +738,7 @@ mod tests {
         let path = dir.path().join("events.jsonl");
         let (tx, rx) = mpsc::channel(16);
         for _ in 0..3 {
-            tx.try_send(Box::new(wide_event())).expect("room");
+            tx.try_send(written(wide_event())).expect("room");
         }
         let start = Instant::now();
         let (_deadline_tx, deadline) = watch::channel(Some(start + Duration::from_secs(10)));

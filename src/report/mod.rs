@@ -1,7 +1,7 @@
 //! The reporter: batches filtered events and delivers them without ever blocking the relay.
 //!
-//! Goes in: [`Event`]s, through the [`EventQueue`] the observer holds ([`EventSink::emit`] is a
-//! `try_send`, it never waits). Comes out: batches (DESIGN §4) posted to `<ingest>/v1/events`
+//! Goes in: [`Event`]s, through the [`EventQueue`] the observer holds ([`EventSink::emit`]
+//! filters and writes the event on the observer's thread, then a `try_send`: it never waits). Comes out: batches (DESIGN §4) posted to `<ingest>/v1/events`
 //! or appended to a `file:` sink, and [`ReportStats`] at shutdown. It must never block or slow
 //! the observer or the relay, never send an event that did not pass the L3 filter, never send
 //! `org` or a sensor id, never write to stdout, and never open a socket when reporting is off
@@ -9,11 +9,13 @@
 //!
 //! The pieces, in the order an event meets them:
 //!
-//! * [`EventQueue`]: bounded ([`QUEUE_CAPACITY`]); when full the newest event is dropped and
-//!   counted, and the count travels in the next batch's `dropped`. With reporting off it queues
-//!   nothing and counts each event as unsent itself, so that the OTLP exporter beside it takes
-//!   the event instead of a copy ([`EventSink::reads_events`]).
-//! * [`batch`]: the batcher task: L3 filter → batches of ≤ 500 events and ≤ 1 MiB
+//! * [`EventQueue`]: filters each event (L3) and writes it where it is made
+//!   ([`crate::event::EventWriter`]), then queues its bytes: bounded ([`QUEUE_CAPACITY`]
+//!   events); when full the newest event is dropped and counted, and the count travels in the
+//!   next batch's `dropped`, as does the count of events the filter refused. With reporting off
+//!   it queues nothing and counts each event as unsent itself, so that the OTLP exporter beside
+//!   it takes the event instead of a copy ([`EventSink::reads_events`]).
+//! * [`batch`]: the batcher task: batches of ≤ 500 written events and ≤ 1 MiB
 //!   ([`MAX_BATCH_BYTES`]) or whatever is queued after the flush interval → send with one
 //!   retry → Delivered / Errored / Rejected → back off while the ingest keeps failing. At most
 //!   one request in flight (why: see [`batch`]).
@@ -46,7 +48,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::IngestTarget;
-use crate::event::{Event, EventSink};
+use crate::event::{Event, EventSink, EventWriter, Written};
 use crate::token::SensorToken;
 
 pub use batch::MAX_BATCH_BYTES;
@@ -88,14 +90,15 @@ pub struct ReportConfig {
 }
 
 /// The observer's handle on the queue.
-#[derive(Clone)]
 pub struct EventQueue {
-    /// Boxed: an [`Event`] is about 500 bytes, and unboxed it was copied at each hand-over
-    /// (into the channel, out of it, into and out of the filter), and the channel's blocks of
-    /// 32 slots were 16 KiB, an allocation that makes glibc consolidate its fast bins. The box
-    /// costs one allocation and saves about 410 instructions per event (bench/README.md).
-    tx: mpsc::Sender<Box<Event>>,
+    /// Written events, not events: see [`EventWriter`]. An item is a slice of a block (a
+    /// pointer and a length), so the channel's blocks of 32 slots stay small, where 32 events
+    /// made a 16 KiB allocation that makes glibc consolidate its fast bins.
+    tx: mpsc::Sender<Written>,
+    writer: EventWriter,
     dropped: Arc<AtomicU64>,
+    /// Events the L3 filter refused, for the batcher to count and carry in `dropped`.
+    filtered: Arc<AtomicU64>,
     /// Events the queue took (see [`ReportWatch`]).
     accepted: Arc<AtomicU64>,
     /// `sensor.health` counts the observer adds and the batcher sends.
@@ -106,14 +109,34 @@ pub struct EventQueue {
 }
 
 impl EventSink for EventQueue {
-    fn emit(&mut self, event: Event) {
+    fn emit(&mut self, mut event: Event) {
         if self.unread.is_some() {
             drop(event);
             self.count_unread();
-        } else if self.tx.try_send(Box::new(event)).is_err() {
+            return;
+        }
+        if self.tx.capacity() == 0 {
+            // Full: not worth filtering and writing an event that cannot be queued.
             self.dropped.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.accepted.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let written = self.writer.write(&mut event);
+        drop(event);
+        match written {
+            Ok(w) => {
+                let counter = match self.tx.try_send(w) {
+                    Ok(()) => &self.accepted,
+                    Err(_) => &self.dropped,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Taken, and accounted for as filtered by the batcher with its next batch
+                // (see `ReportWatch::outstanding`).
+                self.accepted.fetch_add(1, Ordering::Relaxed);
+                self.filtered.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "Event rejected by the schema filter");
+            }
         }
     }
 
@@ -175,13 +198,16 @@ pub fn start(cfg: ReportConfig) -> (EventQueue, ReporterHandle) {
 pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHandle) {
     let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
     let queue_dropped = Arc::new(AtomicU64::new(0));
+    let filtered = Arc::new(AtomicU64::new(0));
     let accepted = Arc::new(AtomicU64::new(0));
     let (deadline_tx, deadline_rx) = watch::channel(None);
     let published = Arc::new(Mutex::new(ReportStats::default()));
     let health = Arc::new(crate::event::health::HealthCounters::default());
     let queue = EventQueue {
         tx,
+        writer: EventWriter::default(),
         dropped: queue_dropped.clone(),
+        filtered: filtered.clone(),
         accepted: accepted.clone(),
         health: health.clone(),
         unread: None,
@@ -231,6 +257,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
     let batcher = batch::Batcher {
         rx,
         queue_dropped,
+        filtered,
         sink,
         flush: cfg.flush,
         transport: cfg.transport,
