@@ -86,12 +86,14 @@ pub enum Arrival {
     /// Every byte read has been handed over by [`TapReceiver::drain`]: a frame of the other
     /// direction cannot be overtaken by one of this direction that it caused or answered.
     Settled,
-    /// Chunks are queued: the observer has them in reach, and their timestamps will order them.
-    Queued,
-    /// Nothing is queued, but bytes were read and are being forwarded (see
-    /// [`TapSender::begin`]): the relay thread may be preempted before it offers them, so this
-    /// is the only state in which the observer must wait without knowing for how long.
-    Forwarding,
+    /// Chunks are queued, the first of them read at this instant: the observer's next look
+    /// takes them, and a direction's chunks come in the order they were read.
+    Queued(Instant),
+    /// Nothing is queued, but bytes read at this instant are being forwarded (see
+    /// [`TapSender::begin`]): the relay thread may be preempted or blocked before it offers
+    /// them, so this is the only state in which the observer must wait without knowing for how
+    /// long.
+    Forwarding(Instant),
 }
 
 /// Counters shared by both senders; read at exit for `--debug`.
@@ -144,6 +146,9 @@ struct Shared {
     /// Per direction: the relay has read bytes it has not offered yet (see
     /// [`TapSender::begin`]).
     active: [AtomicBool; 2],
+    /// Per direction: when those bytes were read, in nanoseconds after `epoch`.
+    active_since: [AtomicU64; 2],
+    epoch: Instant,
 }
 
 struct Queue {
@@ -151,8 +156,8 @@ struct Queue {
     /// Bytes charged for what `msgs` holds (chunk bytes plus [`CHUNK_OVERHEAD`] each).
     bytes: usize,
     chunks: usize,
-    /// Chunks queued per direction.
-    queued: [usize; 2],
+    /// When the first chunk queued per direction was read (see [`Arrival::Queued`]).
+    first_seen: [Option<Instant>; 2],
     senders: usize,
     /// The observer found the queue empty and is about to sleep until woken.
     waiting: bool,
@@ -367,7 +372,7 @@ pub fn tap_with_budget(
             msgs: VecDeque::new(),
             bytes: 0,
             chunks: 0,
-            queued: [0, 0],
+            first_seen: [None, None],
             senders: 2,
             waiting: false,
         }),
@@ -376,6 +381,8 @@ pub fn tap_with_budget(
         max_chunks: capacity.max(1),
         max_bytes: budget_bytes,
         active: [AtomicBool::new(false), AtomicBool::new(false)],
+        active_since: [AtomicU64::new(0), AtomicU64::new(0)],
+        epoch: Instant::now(),
     });
     let c2s = TapSender {
         shared: shared.clone(),
@@ -399,12 +406,16 @@ impl TapSender {
         self.trim = on.then(Trim::default);
     }
 
-    /// The relay read bytes and is about to forward them: until [`TapSender::offer`] (or
-    /// [`TapSender::settle`]) the observer must assume a frame of this direction may still come
-    /// with an earlier timestamp than what it holds. Called after the read, *before* the write,
-    /// so nothing the other side sends in answer to these bytes can be observed first.
-    pub fn begin(&self) {
-        self.shared.active[self.dir.index()].store(true, Ordering::SeqCst);
+    /// The relay read bytes at `seen` and is about to forward them: until
+    /// [`TapSender::offer`] (or [`TapSender::settle`]) the observer must assume a frame of this
+    /// direction stamped `seen` may still come. Called after the read, *before* the write, so
+    /// nothing the other side sends in answer to these bytes can be observed first.
+    pub fn begin(&self, seen: Instant) {
+        let i = self.dir.index();
+        let since = seen.saturating_duration_since(self.shared.epoch).as_nanos();
+        // Before `active`: whoever sees `active` set reads this chunk's time or a later one's.
+        self.shared.active_since[i].store(since as u64, Ordering::SeqCst);
+        self.shared.active[i].store(true, Ordering::SeqCst);
     }
 
     /// The bytes announced by [`TapSender::begin`] will not be offered (the write failed).
@@ -464,7 +475,7 @@ impl TapSender {
                 }));
                 q.bytes += charge;
                 q.chunks += 1;
-                q.queued[i] += 1;
+                q.first_seen[i].get_or_insert(seen);
                 Some(std::mem::take(&mut q.waiting))
             }
         };
@@ -517,7 +528,7 @@ impl Queue {
         std::mem::swap(&mut self.msgs, out);
         self.bytes = 0;
         self.chunks = 0;
-        self.queued = [0, 0];
+        self.first_seen = [None, None];
         true
     }
 }
@@ -586,11 +597,15 @@ impl TapReceiver {
     /// Where the bytes the relay has read in `dir` so far stand (see [`Arrival`]).
     pub fn arrival(&self, dir: Direction) -> Arrival {
         // `active` first: an offer pushes under the lock before it clears `active`.
-        let active = self.shared.active[dir.index()].load(Ordering::SeqCst);
-        if lock(&self.shared.state).queued[dir.index()] > 0 {
-            Arrival::Queued
+        let i = dir.index();
+        let active = self.shared.active[i].load(Ordering::SeqCst);
+        let since = self.shared.active_since[i].load(Ordering::SeqCst);
+        if let Some(first) = lock(&self.shared.state).first_seen[i] {
+            Arrival::Queued(first)
         } else if active {
-            Arrival::Forwarding
+            // Read after `active`: this chunk's time, or a later chunk's if the relay has moved
+            // on, whose earlier chunk is then queued (found above) or already drained.
+            Arrival::Forwarding(self.shared.epoch + std::time::Duration::from_nanos(since))
         } else {
             Arrival::Settled
         }
@@ -604,7 +619,11 @@ impl TapReceiver {
         if let TapMsg::Chunk(c) = &msg {
             q.bytes = q.bytes.saturating_sub(c.bytes.len() + CHUNK_OVERHEAD);
             q.chunks = q.chunks.saturating_sub(1);
-            q.queued[c.dir.index()] = q.queued[c.dir.index()].saturating_sub(1);
+            let d = c.dir;
+            q.first_seen[d.index()] = q.msgs.iter().find_map(|m| match m {
+                TapMsg::Chunk(n) if n.dir == d => Some(n.seen),
+                _ => None,
+            });
         }
         Some(msg)
     }
@@ -671,20 +690,39 @@ mod tests {
 
     #[test]
     fn direction_is_settled_only_when_nothing_read_is_unhanded() {
+        use std::time::Duration;
         let (mut c2s, _s2c, mut rx, _stats) = tap(TAP_CAPACITY);
         let d = Direction::ClientToServer;
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
         assert_eq!(rx.arrival(d), Arrival::Settled, "nothing read yet");
-        c2s.begin();
-        assert_eq!(rx.arrival(d), Arrival::Forwarding, "read, being forwarded");
-        c2s.offer(Instant::now(), Bytes::from_static(b"x"));
-        assert_eq!(rx.arrival(d), Arrival::Queued, "offered, still queued");
-        c2s.begin();
-        assert_eq!(rx.arrival(d), Arrival::Queued, "queued and read more");
-        c2s.settle();
+        c2s.begin(at(1));
+        assert_eq!(
+            rx.arrival(d),
+            Arrival::Forwarding(at(1)),
+            "read, being forwarded"
+        );
+        c2s.offer(at(1), Bytes::from_static(b"x"));
+        assert_eq!(
+            rx.arrival(d),
+            Arrival::Queued(at(1)),
+            "offered, still queued"
+        );
+        c2s.begin(at(2));
+        c2s.offer(at(2), Bytes::from_static(b"y"));
+        c2s.begin(at(3));
+        assert_eq!(
+            rx.arrival(d),
+            Arrival::Queued(at(1)),
+            "queued and read more: the first queued chunk's time"
+        );
         let mut out = VecDeque::new();
         assert_eq!(rx.drain(&mut out), Drained::Some);
-        assert_eq!(rx.arrival(d), Arrival::Settled, "handed over");
-        c2s.begin();
+        assert_eq!(
+            rx.arrival(d),
+            Arrival::Forwarding(at(3)),
+            "drained, the next read being forwarded"
+        );
         c2s.settle();
         assert_eq!(
             rx.arrival(d),
@@ -926,7 +964,7 @@ mod tests {
             assert_eq!(got + dropped, 20_000, "direction {i}");
         }
         let q = lock(&rx.shared.state);
-        assert_eq!((q.bytes, q.chunks, q.queued), (0, 0, [0, 0]));
+        assert_eq!((q.bytes, q.chunks, q.first_seen), (0, 0, [None, None]));
     }
 
     #[tokio::test]

@@ -115,11 +115,36 @@ fn past_cutoff(close: &CloseReceiver) -> bool {
 /// hands its bytes to the tap *after* forwarding them, so a request can reach the channel after
 /// the response it caused (or a 2026-07-28 retry before the `input_required` it answers) when a
 /// thread is preempted between its write and its hand-off. Frames are observed in the order of
-/// their relay timestamps: a frame is released once the other direction has shown a later one
-/// or has nothing left to hand over, or after this hold while the other direction's bytes are
-/// being forwarded and none of them is queued yet (see [`Arrival`]). It delays observation,
-/// never the relay.
+/// their relay timestamps: a frame is released once nothing the other direction may still hand
+/// over was read before it, or once the other direction's chunk being forwarded was read this
+/// long ago without being handed over (see [`Ahead`]). It delays observation, never the relay.
 pub const REORDER_HOLD: Duration = Duration::from_millis(25);
+
+/// What the observer knows of one direction's bytes that it has not split yet, for the frames
+/// of the other direction in the reorder window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// Nothing: every byte the relay read is split.
+    Nothing,
+    /// Chunks drained from the tap or queued in it, the first of them read at this instant. A
+    /// direction's chunks come in the order they were read, so a frame of the other direction
+    /// seen no later cannot be overtaken by anything still to come from this one.
+    Next(Instant),
+    /// Nothing queued, bytes read at this instant being forwarded ([`Arrival::Forwarding`]).
+    /// A frame seen no later was read before them and cannot be answered by them; a later one
+    /// waits for their hand-over, at most [`REORDER_HOLD`] from when they were read.
+    Forwarding(Instant),
+}
+
+impl Ahead {
+    /// Whether a frame of the other direction seen at `seen` can no longer be overtaken.
+    fn passed(self, seen: Instant) -> bool {
+        match self {
+            Ahead::Nothing => true,
+            Ahead::Next(next) | Ahead::Forwarding(next) => seen <= next,
+        }
+    }
+}
 
 /// A frame waiting in the reorder window.
 struct Held {
@@ -141,9 +166,9 @@ struct Reorder {
 }
 
 impl Reorder {
-    /// Takes a frame the splitter completed. When nothing is held and the other direction has
-    /// settled (every byte it read is already in the observer's hands, see [`Arrival`]) or
-    /// closed, nothing can overtake the frame: it is
+    /// Takes a frame the splitter completed. When nothing is held and nothing the other
+    /// direction may still hand over can come before it ([`Ahead::passed`]), or it closed,
+    /// nothing can overtake the frame: it is
     /// observed at once, in place, without a copy. Otherwise it is held: a frame inside the tap
     /// chunk `chunk` (the common case) as a zero-copy slice of it, a frame the splitter assembled
     /// from several chunks as a copy of the splitter's buffer.
@@ -155,12 +180,12 @@ impl Reorder {
         seen: Instant,
         chunk: &bytes::Bytes,
         s: Split<'_>,
-        other_arrival: Arrival,
+        other_ahead: Ahead,
     ) {
         let i = dir.index();
         let other = 1 - i;
         let clear = self.queues[i].is_empty() && self.queues[other].is_empty();
-        if clear && (other_arrival == Arrival::Settled || self.closed[other]) {
+        if clear && (other_ahead.passed(seen) || self.closed[other]) {
             match s {
                 Split::Frame(f) => obs.on_frame(StreamId(0), dir, seen, f),
                 Split::Summary { skeleton, len } => {
@@ -185,30 +210,29 @@ impl Reorder {
     }
 
     /// Observes every frame that can no longer be overtaken (`drain`: all), at most `limit` of
-    /// them; true if it stopped at the limit with more releasable frames left. `arrivals`: per
-    /// direction, where the bytes the relay read stand. A frame waits out [`REORDER_HOLD`] only
-    /// while the other direction is [`Arrival::Forwarding`]: when its chunks are queued, they
-    /// are ordered by their timestamps as soon as they are split, however far behind the relay
-    /// the observer is (the hold, counted from the relay's timestamp, has then long passed, and
-    /// releasing on it put a burst's answers before their requests).
+    /// them; true if it stopped at the limit with more releasable frames left. `ahead`: per
+    /// direction, what it may still hand over: the timestamps of its next chunk decide, however
+    /// far behind the relay the observer is. Only a chunk that its relay thread has not handed
+    /// over [`REORDER_HOLD`] after reading it (preempted, or blocked writing to a peer that
+    /// does not read) lets frames that may answer it go first. The hold used to count from the
+    /// waiting frame's own timestamp: an observer working off a burst is far more than the hold
+    /// behind, so a burst's answers went before their requests.
     fn release<S: EventSink>(
         &mut self,
         obs: &mut Observer<S>,
         now: Instant,
         drain: bool,
         limit: usize,
-        arrivals: [Arrival; 2],
+        ahead: [Ahead; 2],
         pacer: &Pacer,
     ) -> bool {
         const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
         let may_go = |held: Instant, other: usize| {
             drain
                 || self.closed[other]
-                || match arrivals[other] {
-                    Arrival::Settled => true,
-                    Arrival::Queued => false,
-                    Arrival::Forwarding => now.saturating_duration_since(held) >= REORDER_HOLD,
-                }
+                || ahead[other].passed(held)
+                || matches!(ahead[other], Ahead::Forwarding(since)
+                    if now.saturating_duration_since(since) >= REORDER_HOLD)
         };
         for _ in 0..limit {
             let heads = [
@@ -305,12 +329,19 @@ async fn pace_to_sink<S: EventSink>(
     *stalled_since = None;
 }
 
-/// Per direction: where the bytes the relay read stand, counting as queued the chunks drained
-/// from the tap but not yet split (`left`).
-fn arrivals(rx: &TapReceiver, left: &[usize; 2]) -> [Arrival; 2] {
-    let of = |dir: Direction| match left[dir.index()] {
-        0 => rx.arrival(dir),
-        _ => Arrival::Queued,
+/// The relay timestamps of the chunks drained from the tap and not split yet, per direction, in
+/// the order they were read.
+type Unsplit = [VecDeque<Instant>; 2];
+
+/// Per direction: what the observer knows of the bytes it has not split yet.
+fn ahead(rx: &TapReceiver, unsplit: &Unsplit) -> [Ahead; 2] {
+    let of = |dir: Direction| match unsplit[dir.index()].front() {
+        Some(&first) => Ahead::Next(first),
+        None => match rx.arrival(dir) {
+            Arrival::Settled => Ahead::Nothing,
+            Arrival::Queued(first) => Ahead::Next(first),
+            Arrival::Forwarding(since) => Ahead::Forwarding(since),
+        },
     };
     [of(Direction::ClientToServer), of(Direction::ServerToClient)]
 }
@@ -330,7 +361,7 @@ async fn release_paced<S: EventSink>(
     obs: &mut Observer<S>,
     drain: bool,
     rx: &TapReceiver,
-    left: &[usize; 2],
+    unsplit: &Unsplit,
     pace: &mut Pace<'_>,
 ) {
     let pacer = pace.pacer;
@@ -339,9 +370,9 @@ async fn release_paced<S: EventSink>(
             return;
         }
         pace_to_sink(obs, &mut pace.stalled, pace.close).await;
-        let arrivals = arrivals(rx, left);
+        let ahead = ahead(rx, unsplit);
         let now = Instant::now();
-        if !reorder.release(obs, now, drain, FRAMES_PER_TURN, arrivals, pacer) {
+        if !reorder.release(obs, now, drain, FRAMES_PER_TURN, ahead, pacer) {
             return;
         }
         tokio::task::yield_now().await;
@@ -417,6 +448,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
     let mut last_seen: [Option<Instant>; 2] = [None, None];
     let mut reorder = Reorder::default();
     let mut batch: VecDeque<TapMsg> = VecDeque::new();
+    let mut unsplit = Unsplit::default();
     let mut next_tick = Instant::now() + TICK;
     let mut closing = false;
     let cut = 'observe: loop {
@@ -440,10 +472,10 @@ pub async fn run_tap_observer_with<S: EventSink>(
         }
         let worked = got == Drained::Some;
         look(&rx, closing);
-        let mut left = [0usize; 2];
+        unsplit.iter_mut().for_each(VecDeque::clear);
         for msg in &batch {
             if let TapMsg::Chunk(c) = msg {
-                left[c.dir.index()] += 1;
+                unsplit[c.dir.index()].push_back(c.seen);
             }
         }
         pacer.set_backlog(backlog(&rx, progress));
@@ -455,12 +487,12 @@ pub async fn run_tap_observer_with<S: EventSink>(
             match msg {
                 TapMsg::Chunk(c) => {
                     let i = c.dir.index();
-                    left[i] -= 1;
+                    unsplit[i].pop_front();
                     if c.after_gap {
                         observer.on_gap(c.dir, c.seen);
                     }
                     last_seen[i] = Some(c.seen);
-                    let other = arrivals(&rx, &left)[1 - i];
+                    let other = ahead(&rx, &unsplit)[1 - i];
                     let before = observer.stats.events;
                     splitters[i].push(&c.bytes, c.after_gap, c.skipped, |s| {
                         reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other);
@@ -475,7 +507,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                 }
                 TapMsg::Closed { dir, seen } => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
-                    let other = arrivals(&rx, &left)[1 - dir.index()];
+                    let other = ahead(&rx, &unsplit)[1 - dir.index()];
                     splitters[dir.index()].flush(|s| {
                         reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, other)
                     });
@@ -484,7 +516,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                     closing = true;
                 }
             }
-            release_paced(&mut reorder, &mut observer, false, &rx, &left, &mut pace).await;
+            release_paced(&mut reorder, &mut observer, false, &rx, &unsplit, &mut pace).await;
         }
         let now = Instant::now();
         if now >= next_tick {
@@ -492,7 +524,15 @@ pub async fn run_tap_observer_with<S: EventSink>(
             observer.sync_health(rx.dropped_bytes());
             next_tick = now + TICK;
         }
-        release_paced(&mut reorder, &mut observer, false, &rx, &[0, 0], &mut pace).await;
+        release_paced(
+            &mut reorder,
+            &mut observer,
+            false,
+            &rx,
+            &Unsplit::default(),
+            &mut pace,
+        )
+        .await;
         if worked && !closing {
             // Linger (see TAP_LINGER); a closing sender cuts it short.
             tokio::select! {
@@ -511,12 +551,20 @@ pub async fn run_tap_observer_with<S: EventSink>(
                     at,
                     &bytes::Bytes::new(),
                     s,
-                    Arrival::Settled,
+                    Ahead::Nothing,
                 )
             });
         }
         pacer.set_closing();
-        release_paced(&mut reorder, &mut observer, true, &rx, &[0, 0], &mut pace).await;
+        release_paced(
+            &mut reorder,
+            &mut observer,
+            true,
+            &rx,
+            &Unsplit::default(),
+            &mut pace,
+        )
+        .await;
     }
     if cut || !reorder.is_empty() {
         // Past the cut-off: whatever answers are still unread, a call that may be waiting for
@@ -531,53 +579,97 @@ pub async fn run_tap_observer_with<S: EventSink>(
 mod tests {
     use super::*;
 
+    const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+
     fn line(s: &str) -> bytes::Bytes {
         bytes::Bytes::copy_from_slice(s.as_bytes())
     }
 
-    /// An observer far behind the relay (here 1 s) holds an answer as long as the request it
-    /// answers is queued, whatever the hold's clock says: released on the hold, a burst's
-    /// answers went before their requests, each copied aside and read twice.
+    /// An observer far behind the relay (here 1 s) holds an answer while the request it
+    /// answers may still come before it, whatever the hold's clock says: released on the hold,
+    /// a burst's answers went before their requests, each copied aside and read twice. Only a
+    /// chunk its relay thread has held [`REORDER_HOLD`] since reading it lets the answer go.
     #[test]
-    fn an_answer_waits_for_queued_requests_however_late_the_observer_is() {
-        const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+    fn an_answer_waits_for_requests_the_observer_can_see_coming() {
         let pacer = Pacer::new(false);
         let t0 = Instant::now();
-        let now = t0 + Duration::from_secs(1);
+        let ms = |n: u64| t0 + Duration::from_millis(n);
         let request = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"pay"}}"#;
         let answer = r#"{"jsonrpc":"2.0","id":7,"result":{"content":[]}}"#;
-        for (requests, early) in [(Arrival::Queued, 0), (Arrival::Forwarding, 1)] {
+        let cases = [
+            (Ahead::Next(t0), ms(1000), 0),
+            (Ahead::Forwarding(ms(4)), ms(20), 0),
+            (Ahead::Forwarding(ms(4)), ms(1000), 1),
+        ];
+        for (requests, now, early) in cases {
             let mut obs = Observer::new(crate::observe::tests::cfg(), Vec::new());
             let mut reorder = Reorder::default();
             let (a, r) = (line(answer), line(request));
-            let at = t0 + Duration::from_millis(5);
-            reorder.push(&mut obs, DIRS[1], at, &a, Split::Frame(&a), requests);
-            let more = reorder.release(
-                &mut obs,
-                now,
-                false,
-                64,
-                [requests, Arrival::Settled],
-                &pacer,
-            );
-            assert!(!more);
+            reorder.push(&mut obs, DIRS[1], ms(5), &a, Split::Frame(&a), requests);
+            let ahead = [requests, Ahead::Nothing];
+            assert!(!reorder.release(&mut obs, now, false, 64, ahead, &pacer));
             assert_eq!(reorder.is_empty(), early == 1, "{requests:?}");
             assert_eq!(obs.early.len(), early, "{requests:?}");
-            reorder.push(
-                &mut obs,
-                DIRS[0],
-                t0,
-                &r,
-                Split::Frame(&r),
-                Arrival::Settled,
-            );
-            let arrivals = [Arrival::Settled, Arrival::Settled];
-            reorder.release(&mut obs, now, false, 64, arrivals, &pacer);
+            reorder.push(&mut obs, DIRS[0], t0, &r, Split::Frame(&r), Ahead::Nothing);
+            let ahead = [Ahead::Nothing, Ahead::Nothing];
+            reorder.release(&mut obs, now, false, 64, ahead, &pacer);
             assert!(reorder.is_empty() && obs.early.is_empty(), "{requests:?}");
             let (stats, events) = obs.finish(now, crate::observe::EndCause::SessionEnd);
             assert_eq!(events.len(), 1, "{requests:?}: {stats:?}");
             assert_eq!(events[0].status, 200);
             assert!((events[0].dur_ms - 5.0).abs() < 0.001);
         }
+    }
+
+    /// A frame that the other direction's next chunk cannot precede is observed at once, not
+    /// held: held, a flood's requests kept the relay's blocks from being reused while an answer
+    /// read after them waited its turn in the same look.
+    #[test]
+    fn a_frame_read_before_the_other_directions_next_chunk_is_not_held() {
+        let pacer = Pacer::new(false);
+        let t0 = Instant::now();
+        let request =
+            line(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"pay"}}"#);
+        let mut obs = Observer::new(crate::observe::tests::cfg(), Vec::new());
+        let mut reorder = Reorder::default();
+        let later = Ahead::Next(t0 + Duration::from_millis(1));
+        reorder.push(
+            &mut obs,
+            DIRS[0],
+            t0,
+            &request,
+            Split::Frame(&request),
+            later,
+        );
+        assert!(reorder.is_empty(), "observed at once");
+        assert_eq!(obs.actions.len(), 1);
+        let earlier = Ahead::Next(t0);
+        let second =
+            line(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"pay"}}"#);
+        let at = t0 + Duration::from_millis(2);
+        reorder.push(
+            &mut obs,
+            DIRS[0],
+            at,
+            &second,
+            Split::Frame(&second),
+            earlier,
+        );
+        assert!(
+            !reorder.is_empty(),
+            "an earlier chunk of the other direction may answer first"
+        );
+        assert!(!reorder.release(&mut obs, at, false, 64, [Ahead::Nothing, earlier], &pacer));
+        assert_eq!(obs.actions.len(), 1);
+        reorder.release(
+            &mut obs,
+            at,
+            false,
+            64,
+            [Ahead::Nothing, Ahead::Nothing],
+            &pacer,
+        );
+        assert!(reorder.is_empty());
+        assert_eq!(obs.actions.len(), 2);
     }
 }

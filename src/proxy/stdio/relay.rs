@@ -85,12 +85,12 @@ impl TapSlot {
         self.handed_over();
     }
 
-    /// Announces that bytes were read and are about to be forwarded (see `TapSender::begin`).
-    fn begin(&self) {
+    /// Announces that bytes read at `seen` are about to be forwarded (see `TapSender::begin`).
+    fn begin(&self, seen: Instant) {
         let guard = lock(&self.tx);
         if let Some(tx) = guard.as_ref() {
             self.forwarding.store(true, Ordering::Relaxed);
-            tx.begin();
+            tx.begin(seen);
         }
     }
 
@@ -342,7 +342,7 @@ pub fn client_to_server<W: Write + AsFd>(
             continue;
         };
         if let Some(tap) = &tap {
-            tap.begin();
+            tap.begin(seen);
         }
         if write_chunk(out, buf.filled(n)).is_err() {
             output = None;
@@ -381,7 +381,7 @@ pub fn server_to_client<R: AsFd>(
         };
         let seen = Instant::now();
         if let Some(tap) = &tap {
-            tap.begin();
+            tap.begin(seen);
         }
         if write_chunk(&mut output, buf.filled(n)).is_err() {
             if let Some(tap) = &tap {
@@ -587,8 +587,8 @@ mod tests {
         use crate::tap::{Drained, TapMsg};
         let (c2s, _s2c, mut rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
         let slot = TapSlot::new(c2s, true);
-        slot.begin();
         let t0 = Instant::now();
+        slot.begin(t0);
         let relay = {
             let slot = slot.clone();
             std::thread::spawn(move || {
