@@ -76,11 +76,9 @@ fuzz_target!(|data: &[u8]| {
                 rest = r;
                 clock[d] += step_ms(op >> 2);
                 if let Some(s) = senders[d].as_mut() {
-                    s.begin();
-                    s.offer(
-                        base + Duration::from_millis(clock[d]),
-                        Bytes::copy_from_slice(chunk),
-                    );
+                    let seen = base + Duration::from_millis(clock[d]);
+                    s.begin(seen);
+                    s.offer(seen, Bytes::copy_from_slice(chunk));
                 }
             }
             2 => match (op >> 2) & 3 {
@@ -109,8 +107,9 @@ fuzz_target!(|data: &[u8]| {
                     // `repeat` copies by doubling, not byte by byte under instrumentation.
                     let big = Bytes::from(pattern.repeat(n.div_ceil(pattern.len()))).slice(..n);
                     if let Some(s) = senders[d].as_mut() {
-                        s.begin();
-                        s.offer(base + Duration::from_millis(clock[d]), big);
+                        let seen = base + Duration::from_millis(clock[d]);
+                        s.begin(seen);
+                        s.offer(seen, big);
                     }
                 }
             },

@@ -333,6 +333,9 @@ async fn pace_to_sink<S: EventSink>(
 /// the order they were read.
 type Unsplit = [VecDeque<Instant>; 2];
 
+/// No chunk left unsplit.
+const ALL_SPLIT: Unsplit = [VecDeque::new(), VecDeque::new()];
+
 /// Per direction: what the observer knows of the bytes it has not split yet.
 fn ahead(rx: &TapReceiver, unsplit: &Unsplit) -> [Ahead; 2] {
     let of = |dir: Direction| match unsplit[dir.index()].front() {
@@ -529,7 +532,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
             &mut observer,
             false,
             &rx,
-            &Unsplit::default(),
+            &ALL_SPLIT,
             &mut pace,
         )
         .await;
@@ -561,7 +564,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
             &mut observer,
             true,
             &rx,
-            &Unsplit::default(),
+            &ALL_SPLIT,
             &mut pace,
         )
         .await;

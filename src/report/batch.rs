@@ -4,13 +4,14 @@
 //! outcome (Delivered / Errored / Rejected) → back off while the ingest fails`.
 //!
 //! Goes in: [`Written`] events (filtered and written by the queue, `super::EventQueue`) from
-//! the bounded queue the observer fills, and the count of those the filter refused. Comes out: encoded batches
-//! handed to a `Sink`, and [`ReportStats`]; an event that does not reach the sink is counted in
-//! a later batch's `dropped`. Every failure on this path is counted and logged once, never
-//! propagated: nothing here can reach the relay or the wrapped server. It must never block the
-//! observer (the queue is `try_send` on the other side), never send an event that did not pass
-//! `validate_and_filter_event`, and never put `org` or a sensor id in a batch (the ingest stamps
-//! both from the key).
+//! the bounded queue the observer fills, and the count of those the filter refused. Comes out:
+//! encoded batches handed to a `Sink`, and [`ReportStats`]; an event that does not reach the
+//! sink is counted in a later batch's `dropped`. Every failure on this path is counted and
+//! logged once, never propagated: nothing here can reach the relay or the wrapped server. It
+//! must never block the observer (the queue is `try_send` on the other side), never send an
+//! event that did not pass the L3 filter (only a [`Written`] goes into a batch, and only the
+//! filter's writer makes one), and never put `org` or a sensor id in a batch (the ingest
+//! stamps both from the key).
 //!
 //! **At most one request is in flight.** The batcher awaits each delivery before it takes the
 //! next batch, so batches arrive in order, memory is bounded by the queue plus one batch, and a
