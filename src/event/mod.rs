@@ -557,7 +557,7 @@ const WRITE_BLOCK: usize = 16 * 1024;
 /// freed them, each allocation then taking the allocator's slow path), and the queue's items
 /// need no allocation of their own: events are written one after another into blocks of
 /// [`WRITE_BLOCK`] bytes and handed out as slices of them (a reference, not a copy); a block
-/// is freed when the last of its events has gone into a batch (bench/README.md, "Events
+/// is freed when the last of its events has gone into a batch (bench/README.md, "… events
 /// written where they are made").
 #[derive(Debug, Default)]
 pub struct EventWriter {
