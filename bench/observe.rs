@@ -24,7 +24,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bounded_observe_mcp::event::{filter_event, BatchBody, Event, EventSink, SensorInfo};
+use bounded_observe_mcp::event::{BatchBody, Event, EventSink, EventWriter, SensorInfo};
 use bounded_observe_mcp::observe::{EndCause, Observer, ObserverConfig, StreamId, Transport};
 use bounded_observe_mcp::tap::Direction;
 
@@ -67,9 +67,11 @@ const CALLS: usize = 50_000;
 /// harness works, in a test build, in well under a second.
 const SMOKE_CALLS: usize = 2_000;
 
-/// What the reporter does with each event: L3, then into the batch body; a full body is taken
-/// (the bytes a sink would send) and dropped.
+/// What the reporter does with each event: L3 and written where it is made (the queue's
+/// `EventWriter`), then into the batch body; a full body is taken (the bytes a sink would send)
+/// and dropped.
 struct Reporter {
+    writer: EventWriter,
     body: BatchBody,
     sensor: SensorInfo,
     events: u64,
@@ -77,13 +79,12 @@ struct Reporter {
 }
 
 impl EventSink for Reporter {
-    fn emit(&mut self, event: Event) {
-        let Ok(event) = filter_event(event) else {
+    fn emit(&mut self, mut event: Event) {
+        let Ok(written) = self.writer.write(&mut event) else {
             return;
         };
-        if self.body.push(&event).is_err() {
-            return;
-        }
+        drop(event);
+        self.body.push_written(&written, usize::MAX);
         self.events += 1;
         if self.body.len() >= BATCH {
             if let Ok(b) = self.body.take(&self.sensor, 0) {
@@ -143,6 +144,7 @@ struct Round {
 /// `depth` requests at a time followed by their answers.
 fn round(calls: usize, depth: usize) -> Round {
     let reporter = Reporter {
+        writer: EventWriter::default(),
         body: BatchBody::default(),
         sensor: SensorInfo {
             version: env!("CARGO_PKG_VERSION").into(),
