@@ -319,7 +319,7 @@ pub(super) struct Early {
     pub(super) size: Size,
 }
 
-fn opposite(d: Direction) -> Direction {
+pub(super) fn opposite(d: Direction) -> Direction {
     match d {
         Direction::ClientToServer => Direction::ServerToClient,
         Direction::ServerToClient => Direction::ClientToServer,

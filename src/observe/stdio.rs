@@ -28,6 +28,7 @@ use crate::event::EventSink;
 use crate::pace::Pacer;
 use crate::tap::{Arrival, Direction, Drained, TapMsg, TapReceiver};
 
+use super::correlate::opposite;
 use super::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
 use super::observer::Observer;
 use super::{EndCause, ObserverStats, StreamId, TICK};
@@ -336,17 +337,24 @@ type Unsplit = [VecDeque<Instant>; 2];
 /// No chunk left unsplit.
 const ALL_SPLIT: Unsplit = [VecDeque::new(), VecDeque::new()];
 
-/// Per direction: what the observer knows of the bytes it has not split yet.
-fn ahead(rx: &TapReceiver, unsplit: &Unsplit) -> [Ahead; 2] {
-    let of = |dir: Direction| match unsplit[dir.index()].front() {
+/// What the observer knows of the bytes of `dir` it has not split yet.
+fn ahead_of(rx: &TapReceiver, unsplit: &Unsplit, dir: Direction) -> Ahead {
+    match unsplit[dir.index()].front() {
         Some(&first) => Ahead::Next(first),
         None => match rx.arrival(dir) {
             Arrival::Settled => Ahead::Nothing,
             Arrival::Queued(first) => Ahead::Next(first),
             Arrival::Forwarding(since) => Ahead::Forwarding(since),
         },
-    };
-    [of(Direction::ClientToServer), of(Direction::ServerToClient)]
+    }
+}
+
+/// [`ahead_of`] both directions.
+fn ahead(rx: &TapReceiver, unsplit: &Unsplit) -> [Ahead; 2] {
+    [
+        ahead_of(rx, unsplit, Direction::ClientToServer),
+        ahead_of(rx, unsplit, Direction::ServerToClient),
+    ]
 }
 
 /// How the observer keeps pace with what it shares: the reporter's queue (how long it has been
@@ -495,7 +503,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                         observer.on_gap(c.dir, c.seen);
                     }
                     last_seen[i] = Some(c.seen);
-                    let other = ahead(&rx, &unsplit)[1 - i];
+                    let other = ahead_of(&rx, &unsplit, opposite(c.dir));
                     let before = observer.stats.events;
                     splitters[i].push(&c.bytes, c.after_gap, c.skipped, |s| {
                         reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other);
@@ -510,7 +518,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                 }
                 TapMsg::Closed { dir, seen } => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
-                    let other = ahead(&rx, &unsplit)[1 - dir.index()];
+                    let other = ahead_of(&rx, &unsplit, opposite(dir));
                     splitters[dir.index()].flush(|s| {
                         reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, other)
                     });
