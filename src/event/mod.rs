@@ -425,13 +425,7 @@ impl BatchBody {
     /// Appends one filtered event. serde_json has no error to give for an [`Event`] (its maps
     /// have string keys); were there one, the body would be left as it was.
     pub fn push(&mut self, event: &Event) -> Result<(), serde_json::Error> {
-        if self.buf.is_empty() {
-            self.buf.resize(HEAD_ROOM, 0);
-        }
-        let mark = self.buf.len();
-        if self.count > 0 {
-            self.buf.push(b',');
-        }
+        let mark = self.open_event();
         match write_event(&mut self.buf, event) {
             Ok(()) => {
                 self.count += 1;
@@ -449,19 +443,27 @@ impl BatchBody {
     /// was, so that the caller can send it and start the next batch with this event. An empty
     /// body always takes the event, so no event is ever refused for its size alone.
     pub fn push_written(&mut self, event: &Written, max_event_bytes: usize) -> bool {
-        let comma = usize::from(self.count > 0);
-        if self.count > 0 && self.events().len() + comma + event.0.len() > max_event_bytes {
+        // With the comma before it.
+        if self.count > 0 && self.events().len() + 1 + event.0.len() > max_event_bytes {
             return false;
         }
-        if self.buf.is_empty() {
-            self.buf.resize(HEAD_ROOM, 0);
-        }
-        if comma == 1 {
-            self.buf.push(b',');
-        }
+        self.open_event();
         self.buf.extend_from_slice(&event.0);
         self.count += 1;
         true
+    }
+
+    /// Makes the room for the head before the first event, or puts the comma before any other;
+    /// returns where that began, to take it back if the event is not written.
+    fn open_event(&mut self) -> usize {
+        if self.buf.is_empty() {
+            self.buf.resize(HEAD_ROOM, 0);
+        }
+        let mark = self.buf.len();
+        if self.count > 0 {
+            self.buf.push(b',');
+        }
+        mark
     }
 
     /// The events' bytes so far.
