@@ -455,17 +455,15 @@ fn rebuild(e: &View<'_>, keep_fields: bool, event: &Value) -> Result<Value, Filt
     );
     // Not read at all unless kept: a v1 envelope's `rec.fields` may be anything.
     if let Some(fields) = if keep_fields { e.fields? } else { None } {
-        fn admitted<'b>(
-            entries: impl Iterator<Item = (&'b String, &'b Value)>,
-        ) -> Map<String, Value> {
+        fn admitted<'b>(entries: impl Iterator<Item = (&'b str, &'b Value)>) -> Map<String, Value> {
             entries
                 .filter(|(k, x)| privacy::field_passes(k, x))
                 .take(privacy::MAX_FIELDS)
-                .map(|(k, x)| (k.clone(), x.clone()))
+                .map(|(k, x)| (k.to_owned(), x.clone()))
                 .collect()
         }
         let kept = match fields {
-            FieldsView::Json(m) => admitted(m.iter()),
+            FieldsView::Json(m) => admitted(m.iter().map(|(k, x)| (k.as_str(), x))),
             FieldsView::Typed(f) => admitted(f.iter()),
         };
         if !kept.is_empty() {
@@ -1579,7 +1577,7 @@ pub(crate) mod tests {
                         },
                         rec: Rec {
                             rail: rail.into(),
-                            action,
+                            action: action.into(),
                             registry_version: reg.map(crate::event::SharedStr::from),
                             fields: fields.map(Into::into),
                             tool_def: tool_def.map(Into::into),
@@ -1590,7 +1588,7 @@ pub(crate) mod tests {
                         },
                         dest: Dest {
                             host: host.into(),
-                            path_template: path,
+                            path_template: path.into(),
                             method: method.into(),
                         },
                         actor: Actor {

@@ -130,13 +130,13 @@ impl<'de> Deserialize<'de> for SharedStr {
 /// tree map cost a node allocation and a walk each way on every event. Serialises and
 /// deserialises as a JSON object (a repeated key: the last value, as a map keeps it).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Fields(Vec<(String, Value)>);
+pub struct Fields(Vec<(SharedStr, Value)>);
 
 /// What [`Fields::iter`] yields: the entries as a map's iterator gives them.
-type FieldEntry<'a> = (&'a String, &'a Value);
+type FieldEntry<'a> = (&'a str, &'a Value);
 type FieldIter<'a> = std::iter::Map<
-    std::slice::Iter<'a, (String, Value)>,
-    for<'x> fn(&'x (String, Value)) -> FieldEntry<'x>,
+    std::slice::Iter<'a, (SharedStr, Value)>,
+    for<'x> fn(&'x (SharedStr, Value)) -> FieldEntry<'x>,
 >;
 
 impl Fields {
@@ -157,7 +157,7 @@ impl Fields {
 
     /// In key order.
     pub fn iter(&self) -> FieldIter<'_> {
-        self.0.iter().map(|(k, v)| (k, v))
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
     }
 
     /// The values, in key order.
@@ -171,9 +171,10 @@ impl Fields {
     }
 }
 
-impl FromIterator<(String, Value)> for Fields {
-    fn from_iter<I: IntoIterator<Item = (String, Value)>>(entries: I) -> Self {
-        let mut v: Vec<(String, Value)> = entries.into_iter().collect();
+impl<K: Into<SharedStr>> FromIterator<(K, Value)> for Fields {
+    fn from_iter<I: IntoIterator<Item = (K, Value)>>(entries: I) -> Self {
+        let mut v: Vec<(SharedStr, Value)> =
+            entries.into_iter().map(|(k, v)| (k.into(), v)).collect();
         // Stable, so of equal keys the last is last: the one a map would have kept.
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v.reverse();
@@ -186,7 +187,7 @@ impl FromIterator<(String, Value)> for Fields {
 impl From<Map<String, Value>> for Fields {
     fn from(m: Map<String, Value>) -> Self {
         // A map iterates in key order, with unique keys.
-        Fields(m.into_iter().collect())
+        Fields(m.into_iter().map(|(k, v)| (k.into(), v)).collect())
     }
 }
 
@@ -255,8 +256,9 @@ pub enum DriftChange {
 pub struct Rec {
     /// Always `"mcp"`. A `Cow` so the sensor's constant costs no allocation per event.
     pub rail: Cow<'static, str>,
-    /// The tool name.
-    pub action: String,
+    /// The tool name. Shared: a session calls a few tools many times, and the observer holds
+    /// each name once (`observe::assemble::ToolNames`).
+    pub action: SharedStr,
     /// Short hash of the `tools/list` catalog the call was made against; null until one was seen.
     #[serde(rename = "registryVersion")]
     pub registry_version: Option<SharedStr>,
@@ -289,8 +291,9 @@ pub struct Rec {
 pub struct Dest {
     /// `mcp://<serverName>` (stdio) or the upstream's `host[:port]` (HTTP).
     pub host: SharedStr,
+    /// `/` and the tool name, shared like [`Rec::action`].
     #[serde(rename = "pathTemplate")]
-    pub path_template: String,
+    pub path_template: SharedStr,
     /// Always `"POST"` from the sensor (a `Cow`, like the other constants).
     pub method: Cow<'static, str>,
 }
@@ -956,7 +959,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let keys: Vec<&str> = f.iter().map(|(k, _)| k.as_str()).collect();
+        let keys: Vec<&str> = f.iter().map(|(k, _)| k).collect();
         assert_eq!(keys, ["Zone", "amount_cents", "currency"]);
         assert_eq!(f.get("amount_cents"), Some(&json!(4900)));
         assert_eq!(f.get("missing"), None);
@@ -969,10 +972,7 @@ mod tests {
             serde_json::to_string(&as_map).expect("serialises")
         );
         let back: Fields = serde_json::from_str(r#"{"b": 1, "a": 2, "b": 3}"#).expect("an object");
-        assert_eq!(
-            back,
-            Fields::from_iter([("a".into(), json!(2)), ("b".into(), json!(3))])
-        );
+        assert_eq!(back, Fields::from_iter([("a", json!(2)), ("b", json!(3))]));
     }
 
     #[test]
@@ -997,7 +997,7 @@ mod tests {
             "\u{2028}",
         ] {
             ev.id = s.into();
-            ev.rec.action = format!("a{s}");
+            ev.rec.action = format!("a{s}").into();
             ev.dest.host = s.into();
             ev.on_behalf_of = Some(s.into());
             ev.rec.fields = Some(

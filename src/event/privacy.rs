@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, AhoCorasickKind, MatchKind};
 use serde_json::{Number, Value};
 
+use super::SharedStr;
 use crate::token::is_b64url;
 
 /// Argument keys captured without any `--capture` flag: business metadata that describes what a
@@ -329,7 +330,8 @@ const RECALL_MAX_LEN: usize = 128;
 /// one each. A hit needs the exact same string, never a similar one.
 #[derive(Debug, Clone)]
 struct Memo<T, const N: usize> {
-    slots: Vec<(Box<str>, T)>,
+    /// Shared, so that a policy can hand out a captured key without copying it.
+    slots: Vec<(SharedStr, T)>,
     /// The slot to replace next, once all are filled.
     next: usize,
     /// Where to look first: the slot after the last one found (may be one past the end, where
@@ -348,23 +350,37 @@ impl<T: Copy, const N: usize> Memo<T, N> {
 
     /// The answer kept for exactly `text` that `fits` (the same question).
     fn get(&mut self, text: &str, fits: impl Fn(T) -> bool) -> Option<T> {
-        let same = |(t, a): &(Box<str>, T)| fits(*a) && **t == *text;
+        self.find(text, fits).map(|i| self.slots[i].1)
+    }
+
+    /// The slot of [`Self::get`]'s answer.
+    fn find(&mut self, text: &str, fits: impl Fn(T) -> bool) -> Option<usize> {
+        let same = |(t, a): &(SharedStr, T)| fits(*a) && **t == *text;
         let i = match self.slots.get(self.look) {
             Some(s) if same(s) => self.look,
             _ => self.slots.iter().position(same)?,
         };
         self.look = i + 1;
-        Some(self.slots[i].1)
+        Some(i)
     }
 
-    fn put(&mut self, text: &str, answer: T) {
-        let entry = (Box::from(text), answer);
+    /// Keeps `answer` about `text`, in the slot it returns.
+    fn put(&mut self, text: &str, answer: T) -> usize {
+        let entry = (SharedStr::from(text), answer);
         if self.slots.len() < N {
             self.slots.push(entry);
+            self.slots.len() - 1
         } else {
-            self.slots[self.next] = entry;
-            self.next = (self.next + 1) % N;
+            let i = self.next;
+            self.slots[i] = entry;
+            self.next = (i + 1) % N;
+            i
         }
+    }
+
+    /// The text of slot `i`, shared.
+    fn text(&self, i: usize) -> &SharedStr {
+        &self.slots[i].0
     }
 }
 
@@ -1383,29 +1399,42 @@ impl CapturePolicy {
 
     /// The capture decision for a top-level argument, telling withheld prose apart.
     pub fn decide(&mut self, key: &str, value: Scalar<'_>) -> Capture {
-        match self.key_rule(key) {
-            KeyRule::Denied => return Capture::Dropped,
+        self.decide_keyed(key, value).0
+    }
+
+    /// [`Self::decide`], and for a kept value its key as a string shared with the policy's
+    /// memory of the key's rule: a call's captured keys are the same every time, and sharing
+    /// them spares an allocation and a free per key per call.
+    pub fn decide_keyed(&mut self, key: &str, value: Scalar<'_>) -> (Capture, Option<SharedStr>) {
+        let Some(slot) = self.key_rule(key) else {
+            return (Capture::Dropped, None);
+        };
+        match self.rules.slots[slot].1 {
+            KeyRule::Denied => return (Capture::Dropped, None),
             KeyRule::Codes => {
                 if matches!(value, Scalar::Str(s) if !is_code(s)) {
-                    return Capture::Prose;
+                    return (Capture::Prose, None);
                 }
             }
             KeyRule::Prose => {}
         }
-        value.admit().map_or(Capture::Dropped, Capture::Kept)
+        match value.admit() {
+            Some(v) => (Capture::Kept(v), Some(self.rules.text(slot).clone())),
+            None => (Capture::Dropped, None),
+        }
     }
 
-    /// The key's rule, remembered or worked out.
-    fn key_rule(&mut self, key: &str) -> KeyRule {
+    /// The slot of [`Self::rules`] that holds the key's rule, remembered or worked out; `None`
+    /// for a key denied by its length alone.
+    fn key_rule(&mut self, key: &str) -> Option<usize> {
         if key.is_empty() || key.len() > MAX_KEY_LEN {
-            return KeyRule::Denied;
+            return None;
         }
-        if let Some(rule) = self.rules.get(key, |_| true) {
-            return rule;
+        if let Some(slot) = self.rules.find(key, |_| true) {
+            return Some(slot);
         }
         let rule = self.rule_of(key);
-        self.rules.put(key, rule);
-        rule
+        Some(self.rules.put(key, rule))
     }
 
     fn rule_of(&self, key: &str) -> KeyRule {
@@ -1423,6 +1452,38 @@ impl CapturePolicy {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A kept value's key is the key asked about, shared with the policy's memory of its rule
+    /// while that memory holds it; a refused or withheld one has none.
+    #[test]
+    fn a_kept_value_comes_with_its_key_shared() {
+        let mut p = CapturePolicy::with_text(&[], &[]);
+        let (c, k1) = p.decide_keyed("amount_cents", Scalar::U64(4900));
+        assert_eq!(c, Capture::Kept(json!(4900)));
+        let k1 = k1.expect("a kept value's key");
+        assert_eq!(k1, "amount_cents");
+        let (_, k2) = p.decide_keyed("amount_cents", Scalar::U64(1));
+        assert!(
+            k1.same(&k2.expect("kept again")),
+            "one allocation for the key"
+        );
+        assert_eq!(
+            p.decide_keyed("customer_email", Scalar::U64(1)),
+            (Capture::Dropped, None)
+        );
+        assert_eq!(
+            p.decide_keyed("reason", Scalar::Str("a sentence")),
+            (Capture::Prose, None)
+        );
+        assert_eq!(p.decide_keyed("", Scalar::U64(1)), (Capture::Dropped, None));
+        for i in 0..(2 * KEY_RULE_SLOTS) {
+            p.decide_keyed(&format!("quantity_{i}"), Scalar::U64(1));
+        }
+        let (_, k3) = p.decide_keyed("amount_cents", Scalar::U64(2));
+        let k3 = k3.expect("kept after the memory moved on");
+        assert_eq!(k3, "amount_cents");
+        assert!(!k1.same(&k3));
+    }
 
     /// The automata must answer exactly what one `contains` per pattern answered.
     fn plain_pii_substring(k: &str) -> bool {

@@ -96,18 +96,66 @@ pub(super) fn clear_session_id() -> String {
     }
 }
 
-/// The tool name an event carries: `None` for one the envelope cannot hold (empty, too long,
-/// control characters: the request is malformed), [`REDACTED`] for one that holds a value L4
-/// removes (the call is still reported, and counted).
-pub(super) fn tool_name(s: &str) -> Option<(String, bool)> {
-    if s.is_empty() || s.len() > MAX_TOOL_NAME || s.chars().any(char::is_control) {
-        return None;
+/// The names a call's event carries for its tool: `rec.action` and `dest.pathTemplate`.
+#[derive(Debug, Clone)]
+pub struct ToolName {
+    /// The name as the request gave it, or [`REDACTED`] for one that holds a value L4 removes
+    /// (the call is still reported, and counted).
+    pub action: SharedStr,
+    /// `/` and [`Self::action`].
+    pub path: SharedStr,
+    pub redacted: bool,
+}
+
+impl ToolName {
+    /// `None` for a name the envelope cannot hold (empty, too long, control characters: the
+    /// request is malformed).
+    fn of(s: &str) -> Option<ToolName> {
+        if s.is_empty() || s.len() > MAX_TOOL_NAME || s.chars().any(char::is_control) {
+            return None;
+        }
+        // Recalled: the filter checks the name again.
+        let redacted = crate::event::privacy::contains_sensitive_recalled(s);
+        let action = if redacted { REDACTED } else { s };
+        Some(ToolName {
+            action: SharedStr::from(action),
+            path: SharedStr::from(format!("/{action}")),
+            redacted,
+        })
     }
-    // Recalled: a session calls a few tools many times (the filter checks the name again).
-    if crate::event::privacy::contains_sensitive_recalled(s) {
-        return Some((REDACTED.to_string(), true));
+}
+
+/// How many tool names [`ToolNames`] holds.
+const TOOL_NAME_SLOTS: usize = 16;
+
+/// The tool names calls were made with lately, each with its [`ToolName`]: a session calls a
+/// few tools many times, and an event then shares its tool's two strings instead of allocating
+/// and freeing them (two allocations of a call's dozen; bench/README.md). The verdict on a name
+/// depends on the name alone, so a remembered one is the same as one worked out again. Bounded:
+/// past [`TOOL_NAME_SLOTS`] names the oldest entry is replaced, so a client inventing a name per
+/// call costs what it cost before.
+#[derive(Debug, Default)]
+pub(super) struct ToolNames {
+    /// The name as requested, and what it becomes.
+    slots: Vec<(Box<str>, Option<ToolName>)>,
+    next: usize,
+}
+
+impl ToolNames {
+    pub(super) fn get(&mut self, raw: &str) -> Option<ToolName> {
+        if let Some((_, name)) = self.slots.iter().find(|(r, _)| **r == *raw) {
+            return name.clone();
+        }
+        let name = ToolName::of(raw);
+        let entry = (Box::from(raw), name.clone());
+        if self.slots.len() < TOOL_NAME_SLOTS {
+            self.slots.push(entry);
+        } else {
+            self.slots[self.next] = entry;
+            self.next = (self.next + 1) % TOOL_NAME_SLOTS;
+        }
+        name
     }
-    Some((s.to_string(), false))
 }
 
 /// The wall-clock time of a monotonic instant in the recent past.
@@ -121,24 +169,24 @@ pub(super) fn wall_clock(seen: Instant) -> SystemTime {
 impl<S: EventSink> Observer<S> {
     /// The allow-listed scalar arguments of a call, as the capture policy decides (at most
     /// [`MAX_FIELDS`], keys unique as in `args`); string values withheld as prose are counted.
-    pub(super) fn capture(&mut self, args: &Args<'_>) -> Vec<(String, Value)> {
+    pub(super) fn capture(&mut self, args: &Args<'_>) -> Vec<(SharedStr, Value)> {
         let mut prose = 0u64;
         let mut m = Vec::new();
         for (k, v) in &args.0 {
             if m.len() >= MAX_FIELDS {
                 break;
             }
-            match v.as_scalar().map(|s| self.policy.decide(k, s)) {
-                Some(Capture::Kept(val)) => {
+            match v.as_scalar().map(|s| self.policy.decide_keyed(k, s)) {
+                Some((Capture::Kept(val), Some(key))) => {
                     // Room for all the arguments: when all are kept (the usual case), the box the
                     // call holds them in needs no shrinking copy.
                     if m.capacity() == 0 {
                         m.reserve_exact(args.0.len().min(MAX_FIELDS));
                     }
-                    m.push((k.to_string(), val))
+                    m.push((key, val))
                 }
-                Some(Capture::Prose) => prose += 1,
-                Some(Capture::Dropped) | None => {}
+                Some((Capture::Prose, _)) => prose += 1,
+                Some(_) | None => {}
             }
         }
         self.stats.prose_withheld += prose;
@@ -285,16 +333,17 @@ impl<S: EventSink> Observer<S> {
         let dur = end.saturating_duration_since(a.started);
         // Microsecond resolution: sub-ms precision without pretending to nanoseconds.
         let dur_ms = (dur.as_nanos() / 1_000) as f64 / 1_000.0;
-        let mut path_template = String::with_capacity(1 + a.tool.len());
-        path_template.push('/');
-        path_template.push_str(&a.tool);
         let err = outcome.err().map(|mut e| {
             // An error with no text to read (a timeout, a transport failure) is fingerprinted
             // over its empty shape: grouped by tool, kind and code.
-            e.fp = a
-                .err_fp
-                .take()
-                .or_else(|| Some(super::fingerprint::error_fp(&a.tool, e.kind, e.code, "")));
+            e.fp = a.err_fp.take().or_else(|| {
+                Some(super::fingerprint::error_fp(
+                    &a.tool.action,
+                    e.kind,
+                    e.code,
+                    "",
+                ))
+            });
             e
         });
         let event = Event {
@@ -304,7 +353,7 @@ impl<S: EventSink> Observer<S> {
             class: outcome.class(),
             rec: Rec {
                 rail: "mcp".into(),
-                action: a.tool,
+                action: a.tool.action,
                 registry_version: a.registry_version,
                 fields: a.fields.map(|f| f.into_vec().into_iter().collect()),
                 tool_def: a.facts.tool_def,
@@ -315,7 +364,7 @@ impl<S: EventSink> Observer<S> {
             },
             dest: Dest {
                 host,
-                path_template,
+                path_template: a.tool.path,
                 method: "POST".into(),
             },
             actor: self.actor(),
@@ -350,12 +399,9 @@ impl<S: EventSink> Observer<S> {
     /// One `drift` event: a listed tool added, removed or redefined since the previous complete
     /// list, seen at `seen` in `scope`. Never carries a description or schema: names and hashes.
     pub(super) fn emit_drift(&mut self, scope: StreamId, seen: Instant, d: Drift) {
-        let Some((tool, _)) = tool_name(&d.name) else {
+        let Some(tool) = self.tool_names.get(&d.name) else {
             return;
         };
-        let mut path_template = String::with_capacity(1 + tool.len());
-        path_template.push('/');
-        path_template.push_str(&tool);
         let event = Event {
             v: crate::event::EVENT_SCHEMA_VERSION,
             id: new_event_id(),
@@ -363,7 +409,7 @@ impl<S: EventSink> Observer<S> {
             class: EventClass::Drift,
             rec: Rec {
                 rail: "mcp".into(),
-                action: tool,
+                action: tool.action,
                 registry_version: self.registry_version.clone(),
                 fields: None,
                 tool_def: d.tool_def,
@@ -374,7 +420,7 @@ impl<S: EventSink> Observer<S> {
             },
             dest: Dest {
                 host: self.host.clone(),
-                path_template,
+                path_template: tool.path,
                 method: "POST".into(),
             },
             actor: self.actor(),

@@ -40,7 +40,7 @@ use serde_json::Value;
 use crate::event::{EventSink, Session, SharedStr};
 use crate::tap::Direction;
 
-use super::assemble::{clean, tool_name, wall_clock, MAX_INFO_LEN};
+use super::assemble::{clean, wall_clock, ToolName, MAX_INFO_LEN};
 use super::observer::{CounterMap, Observer, Size};
 use super::outcome::{Answer, Outcome};
 use super::peek::{lenient_str, peek, Lenient, Peek, RpcId};
@@ -271,7 +271,7 @@ pub struct Action {
     pub scope: StreamId,
     /// False once that scope ended (HTTP): a retry may then come in any scope.
     pub scope_open: bool,
-    pub tool: String,
+    pub tool: ToolName,
     pub started: Instant,
     pub started_wall: SystemTime,
     /// When the latest round started or ended: the call timeout runs from here.
@@ -279,7 +279,7 @@ pub struct Action {
     /// The captured arguments, keys unique, in argument order. A boxed slice, not the event's
     /// `Map`: every tree node of a `Map` reserves room for eleven entries, and a call held open
     /// usually has one to three.
-    pub fields: Option<Box<[(String, Value)]>>,
+    pub fields: Option<Box<[(SharedStr, Value)]>>,
     pub on_behalf_of: Option<String>,
     /// Shared with the observer's current version: a pointer per call, not a copy.
     pub registry_version: Option<SharedStr>,
@@ -492,13 +492,13 @@ impl<S: EventSink> Observer<S> {
     ) -> Option<u64> {
         let params = p.params.ok()?;
         let raw_name = lenient_str(&params.name)?;
-        let (tool, redacted) = tool_name(raw_name)?;
+        let tool = self.tool_names.get(raw_name)?;
         let meta = params.meta.ok();
         let echoed_state = lenient_str(&params.request_state)
             .or_else(|| meta.and_then(|m| lenient_str(&m.request_state)));
         let is_retry = echoed_state.is_some() || params.input_responses.is_some();
         if is_retry {
-            if let Some(aid) = self.find_waiting(scope, &tool, echoed_state) {
+            if let Some(aid) = self.find_waiting(scope, &tool.action, echoed_state) {
                 if let Some(a) = self.actions.get_mut(&aid) {
                     a.state = ActionState::InFlight(key.clone());
                     a.scope = scope;
@@ -511,7 +511,7 @@ impl<S: EventSink> Observer<S> {
             }
         }
 
-        if redacted {
+        if tool.redacted {
             self.stats.redacted_tools += 1;
         }
         let fields = params.arguments.ok().map(|args| self.capture(args));
@@ -562,7 +562,7 @@ impl<S: EventSink> Observer<S> {
         }
         let oldest = |same_scope: bool| {
             waiting()
-                .filter(|(_, a)| a.tool == tool)
+                .filter(|(_, a)| *a.tool.action == *tool)
                 .filter(|(_, a)| {
                     if same_scope {
                         a.scope == scope
@@ -704,7 +704,7 @@ impl<S: EventSink> Observer<S> {
             .filter(|a| a.started >= seen && a.rounds == 1)
         {
             a.registry_version = v.clone();
-            a.facts = self.catalog.call_facts(&a.tool);
+            a.facts = self.catalog.call_facts(&a.tool.action);
         }
     }
 
@@ -735,7 +735,10 @@ impl<S: EventSink> Observer<S> {
                 };
                 if let (Some(text), Some(err)) = (text, outcome.err()) {
                     a.err_fp = Some(super::fingerprint::error_fp(
-                        &a.tool, err.kind, err.code, &text,
+                        &a.tool.action,
+                        err.kind,
+                        err.code,
+                        &text,
                     ));
                 }
                 outcome

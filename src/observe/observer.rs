@@ -17,7 +17,7 @@ use crate::event::privacy::CapturePolicy;
 use crate::event::{EventSink, SharedStr};
 use crate::tap::Direction;
 
-use super::assemble::{clean, clear_session_id, dest_host, ScopeInfo, MAX_INFO_LEN};
+use super::assemble::{clean, clear_session_id, dest_host, ScopeInfo, ToolNames, MAX_INFO_LEN};
 use super::catalog::Catalog;
 use super::correlate::{Action, ActionState, Early, Key, OpenRequests, Pending, PendingKind};
 use super::frame::{split_batch, Split};
@@ -89,6 +89,7 @@ pub struct Observer<S: EventSink> {
     pub(super) stats: ObserverStats,
     pub(super) policy: CapturePolicy,
     pub(super) catalog: Catalog,
+    pub(super) tool_names: ToolNames,
     /// `serverInfo.name` seen in an `initialize` or `server/discover` result.
     pub(super) server_name: Option<String>,
     /// `--name`, else [`Observer::server_name`]: what each call's facts name the server by,
@@ -148,6 +149,7 @@ impl<S: EventSink> Observer<S> {
             stats: ObserverStats::default(),
             policy,
             catalog: Catalog::default(),
+            tool_names: ToolNames::default(),
             server_name: None,
             named,
             registry_version: None,

@@ -1207,6 +1207,71 @@ fn a_tool_name_holding_pii_is_reported_as_redacted_and_counted() {
     assert_eq!(stats.malformed, 0);
 }
 
+/// Tool names are held once per observer, and bounded: the events of one tool share its name
+/// and path, a canary name is redacted again after more distinct names than are held have
+/// pushed it out, and a name the envelope cannot carry is refused each time.
+#[test]
+fn tool_names_are_shared_and_the_memory_of_them_never_changes_a_verdict() {
+    let phone = "notify_+44 20 7946 0958";
+    let fillers: Vec<String> = (0..40).map(|i| format!("tool_{i}")).collect();
+    let mut names: Vec<&str> = vec![phone, "issue_refund", "issue_refund", "bad\u{7}name"];
+    names.extend(fillers.iter().map(String::as_str));
+    names.extend([phone, "bad\u{7}name", "issue_refund"]);
+    let mut t = T::new();
+    for (i, name) in names.iter().enumerate() {
+        let at = 2 * i as u64;
+        t.send(
+            C2S,
+            at,
+            call(
+                json!(i),
+                name,
+                json!({"amount_cents": 1, "currency": "EUR"}),
+            ),
+        );
+        t.send(S2C, at + 1, ok(json!(i)));
+    }
+    let (stats, events) = t.finish(2 * names.len() as u64, EndCause::SessionEnd);
+    let reported: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !n.contains('\u{7}'))
+        .collect();
+    assert_eq!(events.len(), reported.len());
+    assert_eq!(
+        stats.malformed, 2,
+        "the control character is refused both times"
+    );
+    for (ev, name) in events.iter().zip(&reported) {
+        let want = if *name == phone { REDACTED } else { name };
+        assert_eq!(ev.rec.action, want);
+        assert_eq!(ev.dest.path_template, format!("/{want}"));
+    }
+    assert_eq!(stats.redacted_tools, 2);
+    let refunds: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.rec.action == "issue_refund")
+        .collect();
+    assert_eq!(refunds.len(), 3);
+    assert!(refunds[0].rec.action.same(&refunds[1].rec.action));
+    assert!(refunds[0]
+        .dest
+        .path_template
+        .same(&refunds[1].dest.path_template));
+    // Pushed out by the 40 names in between: worked out again, equal text.
+    assert!(!refunds[0].rec.action.same(&refunds[2].rec.action));
+    // Captured keys are shared too, from the capture policy's memory of their rules.
+    let keys = |e: &Event| -> Vec<String> {
+        e.rec
+            .fields
+            .iter()
+            .flat_map(|f| f.iter().map(|(k, _)| k.to_string()))
+            .collect()
+    };
+    assert_eq!(keys(refunds[0]), ["amount_cents", "currency"]);
+    assert!(events.iter().all(|e| keys(e) == keys(refunds[0])));
+}
+
 #[test]
 fn prose_under_an_allowed_key_is_withheld_and_counted_unless_opted_in() {
     let args = json!({"reason": "call John Smith at 221B Baker Street",

@@ -628,7 +628,7 @@ mod tests {
             code: None,
             fp: None,
         });
-        ev.rec.action = "t".repeat(200);
+        ev.rec.action = "t".repeat(200).into();
         ev.rec.registry_version = None;
         ev.rec.fields = Some(
             serde_json::from_value(json!({

@@ -527,7 +527,7 @@ mod tests {
             class: EventClass::Error,
             rec: Rec {
                 rail: "mcp".into(),
-                action: text(MAX_TEXT_LEN),
+                action: text(MAX_TEXT_LEN).into(),
                 registry_version: Some("a".repeat(64).into()),
                 fields: Some(fields.into()),
                 tool_def: Some("b".repeat(64).into()),
@@ -543,7 +543,7 @@ mod tests {
             },
             dest: Dest {
                 host: text(MAX_TEXT_LEN).into(),
-                path_template: format!("/{}", text(MAX_TEXT_LEN - 1)),
+                path_template: format!("/{}", text(MAX_TEXT_LEN - 1)).into(),
                 method: "POST".into(),
             },
             actor: Actor {

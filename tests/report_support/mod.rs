@@ -251,7 +251,7 @@ pub fn event(tool: &str) -> Event {
         },
         dest: Dest {
             host: "mcp://payments".into(),
-            path_template: format!("/{tool}"),
+            path_template: format!("/{tool}").into(),
             method: "POST".into(),
         },
         actor: Actor {
