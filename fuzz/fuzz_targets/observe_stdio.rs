@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bounded_observe_mcp::event::{filter_event, Event};
-use bounded_observe_mcp::pace::Pacer;
 use bounded_observe_mcp::observe::{
     run_tap_observer, EndCause, Observer, ObserverConfig, Transport,
 };
+use bounded_observe_mcp::pace::Pacer;
 use bounded_observe_mcp::tap::{tap_with_budget, TAP_BUDGET_BYTES, TAP_CAPACITY};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
