@@ -110,16 +110,20 @@ pub struct ToolName {
 impl ToolName {
     /// `None` for a name the envelope cannot hold (empty, too long, control characters: the
     /// request is malformed).
-    fn of(s: &str) -> Option<ToolName> {
+    fn of(s: &SharedStr) -> Option<ToolName> {
         if s.is_empty() || s.len() > MAX_TOOL_NAME || s.chars().any(char::is_control) {
             return None;
         }
         // Recalled: the filter checks the name again.
         let redacted = crate::event::privacy::contains_sensitive_recalled(s);
-        let action = if redacted { REDACTED } else { s };
+        let action = if redacted {
+            SharedStr::from(REDACTED)
+        } else {
+            s.clone()
+        };
         Some(ToolName {
-            action: SharedStr::from(action),
             path: SharedStr::from(format!("/{action}")),
+            action,
             redacted,
         })
     }
@@ -133,11 +137,11 @@ const TOOL_NAME_SLOTS: usize = 16;
 /// and freeing them (two allocations of a call's dozen; bench/README.md). The verdict on a name
 /// depends on the name alone, so a remembered one is the same as one worked out again. Bounded:
 /// past [`TOOL_NAME_SLOTS`] names the oldest entry is replaced, so a client inventing a name per
-/// call costs what it cost before.
+/// call costs what it cost before: the kept name is the event's `rec.action` unless redacted.
 #[derive(Debug, Default)]
 pub(super) struct ToolNames {
     /// The name as requested, and what it becomes.
-    slots: Vec<(Box<str>, Option<ToolName>)>,
+    slots: Vec<(SharedStr, Option<ToolName>)>,
     next: usize,
 }
 
@@ -146,8 +150,9 @@ impl ToolNames {
         if let Some((_, name)) = self.slots.iter().find(|(r, _)| **r == *raw) {
             return name.clone();
         }
-        let name = ToolName::of(raw);
-        let entry = (Box::from(raw), name.clone());
+        let raw = SharedStr::from(raw);
+        let name = ToolName::of(&raw);
+        let entry = (raw, name.clone());
         if self.slots.len() < TOOL_NAME_SLOTS {
             self.slots.push(entry);
         } else {
