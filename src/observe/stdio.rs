@@ -147,6 +147,9 @@ impl Ahead {
     }
 }
 
+/// Both directions, in [`Direction::index`] order.
+const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
+
 /// A frame waiting in the reorder window.
 struct Held {
     seen: Instant,
@@ -227,7 +230,6 @@ impl Reorder {
         ahead: [Ahead; 2],
         pacer: &Pacer,
     ) -> bool {
-        const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
         let may_go = |held: Instant, other: usize| {
             drain
                 || self.closed[other]
@@ -351,10 +353,7 @@ fn ahead_of(rx: &TapReceiver, unsplit: &Unsplit, dir: Direction) -> Ahead {
 
 /// [`ahead_of`] both directions.
 fn ahead(rx: &TapReceiver, unsplit: &Unsplit) -> [Ahead; 2] {
-    [
-        ahead_of(rx, unsplit, Direction::ClientToServer),
-        ahead_of(rx, unsplit, Direction::ServerToClient),
-    ]
+    DIRS.map(|d| ahead_of(rx, unsplit, d))
 }
 
 /// How the observer keeps pace with what it shares: the reporter's queue (how long it has been
@@ -589,8 +588,6 @@ pub async fn run_tap_observer_with<S: EventSink>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const DIRS: [Direction; 2] = [Direction::ClientToServer, Direction::ServerToClient];
 
     fn line(s: &str) -> bytes::Bytes {
         bytes::Bytes::copy_from_slice(s.as_bytes())
