@@ -326,11 +326,13 @@ const RECALL_MAX_LEN: usize = 128;
 /// The last `N` answers about short strings, each beside the exact string it is about, filled
 /// and then replaced round-robin. Asked in the same order every time (an event's strings, a
 /// tool's argument keys), so the slot after the last hit is looked at first, then all of them.
-/// The thread's scan verdicts ([`recall`]) and a policy's key rules ([`CapturePolicy`]) keep
-/// one each. A hit needs the exact same string, never a similar one.
+/// The thread's scan verdicts ([`recall`]), a policy's key rules ([`CapturePolicy`]) and the
+/// observer's tool names (`observe::assemble::ToolNames`) keep one each. A hit needs the exact
+/// same string, never a similar one.
 #[derive(Debug, Clone)]
-struct Memo<T, const N: usize> {
-    /// Shared, so that a policy can hand out a captured key without copying it.
+pub(crate) struct Memo<T, const N: usize> {
+    /// Shared, so that what is kept can hand out the string without copying it (a captured
+    /// key, a tool name).
     slots: Vec<(SharedStr, T)>,
     /// The slot to replace next, once all are filled.
     next: usize,
@@ -339,7 +341,7 @@ struct Memo<T, const N: usize> {
     look: usize,
 }
 
-impl<T: Copy, const N: usize> Memo<T, N> {
+impl<T: Clone, const N: usize> Memo<T, N> {
     const fn new() -> Self {
         Memo {
             slots: Vec::new(),
@@ -349,13 +351,13 @@ impl<T: Copy, const N: usize> Memo<T, N> {
     }
 
     /// The answer kept for exactly `text` that `fits` (the same question).
-    fn get(&mut self, text: &str, fits: impl Fn(T) -> bool) -> Option<T> {
-        self.find(text, fits).map(|i| self.slots[i].1)
+    pub(crate) fn get(&mut self, text: &str, fits: impl Fn(&T) -> bool) -> Option<T> {
+        self.find(text, fits).map(|i| self.slots[i].1.clone())
     }
 
     /// The slot of [`Self::get`]'s answer.
-    fn find(&mut self, text: &str, fits: impl Fn(T) -> bool) -> Option<usize> {
-        let same = |(t, a): &(SharedStr, T)| fits(*a) && **t == *text;
+    fn find(&mut self, text: &str, fits: impl Fn(&T) -> bool) -> Option<usize> {
+        let same = |(t, a): &(SharedStr, T)| fits(a) && **t == *text;
         let i = match self.slots.get(self.look) {
             Some(s) if same(s) => self.look,
             _ => self.slots.iter().position(same)?,
@@ -366,7 +368,12 @@ impl<T: Copy, const N: usize> Memo<T, N> {
 
     /// Keeps `answer` about `text`, in the slot it returns.
     fn put(&mut self, text: &str, answer: T) -> usize {
-        let entry = (SharedStr::from(text), answer);
+        self.put_shared(SharedStr::from(text), answer)
+    }
+
+    /// [`Self::put`] with the text already shared.
+    pub(crate) fn put_shared(&mut self, text: SharedStr, answer: T) -> usize {
+        let entry = (text, answer);
         if self.slots.len() < N {
             self.slots.push(entry);
             self.slots.len() - 1
@@ -384,7 +391,7 @@ impl<T: Copy, const N: usize> Memo<T, N> {
     }
 }
 
-impl<T: Copy, const N: usize> Default for Memo<T, N> {
+impl<T: Clone, const N: usize> Default for Memo<T, N> {
     fn default() -> Self {
         Self::new()
     }
@@ -405,7 +412,7 @@ fn recall(kind: Scan, text: &str, scan: fn(&str) -> bool) -> bool {
     }
     RECALLED.with(|memo| {
         let memo = &mut *memo.borrow_mut();
-        if let Some((_, verdict)) = memo.get(text, |(k, _)| k == kind) {
+        if let Some((_, verdict)) = memo.get(text, |(k, _)| *k == kind) {
             return verdict;
         }
         let verdict = scan(text);
@@ -1298,11 +1305,12 @@ pub fn is_code(s: &str) -> bool {
         }
 }
 
-/// What the sensor does with one top-level argument.
+/// What the sensor does with one top-level argument: `Kept` holds the value
+/// ([`CapturePolicy::decide`]), or the key and the value ([`CapturePolicy::decide_keyed`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Capture {
+pub enum Capture<K = Value> {
     /// Captured, as this value.
-    Kept(Value),
+    Kept(K),
     /// A string under an allowed key that is not a [`is_code`] code, and the key was not opted
     /// into prose: withheld, and counted by the observer.
     Prose,
@@ -1399,28 +1407,32 @@ impl CapturePolicy {
 
     /// The capture decision for a top-level argument, telling withheld prose apart.
     pub fn decide(&mut self, key: &str, value: Scalar<'_>) -> Capture {
-        self.decide_keyed(key, value).0
+        match self.decide_keyed(key, value) {
+            Capture::Kept((_, v)) => Capture::Kept(v),
+            Capture::Prose => Capture::Prose,
+            Capture::Dropped => Capture::Dropped,
+        }
     }
 
-    /// [`Self::decide`], and for a kept value its key as a string shared with the policy's
-    /// memory of the key's rule: a call's captured keys are the same every time, and sharing
-    /// them spares an allocation and a free per key per call.
-    pub fn decide_keyed(&mut self, key: &str, value: Scalar<'_>) -> (Capture, Option<SharedStr>) {
+    /// [`Self::decide`], a kept value with its key as a string shared with the policy's memory
+    /// of the key's rule: a call's captured keys are the same every time, and sharing them
+    /// spares an allocation and a free per key per call.
+    pub fn decide_keyed(&mut self, key: &str, value: Scalar<'_>) -> Capture<(SharedStr, Value)> {
         let Some(slot) = self.key_rule(key) else {
-            return (Capture::Dropped, None);
+            return Capture::Dropped;
         };
         match self.rules.slots[slot].1 {
-            KeyRule::Denied => return (Capture::Dropped, None),
+            KeyRule::Denied => return Capture::Dropped,
             KeyRule::Codes => {
                 if matches!(value, Scalar::Str(s) if !is_code(s)) {
-                    return (Capture::Prose, None);
+                    return Capture::Prose;
                 }
             }
             KeyRule::Prose => {}
         }
         match value.admit() {
-            Some(v) => (Capture::Kept(v), Some(self.rules.text(slot).clone())),
-            None => (Capture::Dropped, None),
+            Some(v) => Capture::Kept((self.rules.text(slot).clone(), v)),
+            None => Capture::Dropped,
         }
     }
 
@@ -1458,31 +1470,29 @@ mod tests {
     #[test]
     fn a_kept_value_comes_with_its_key_shared() {
         let mut p = CapturePolicy::with_text(&[], &[]);
-        let (c, k1) = p.decide_keyed("amount_cents", Scalar::U64(4900));
-        assert_eq!(c, Capture::Kept(json!(4900)));
-        let k1 = k1.expect("a kept value's key");
-        assert_eq!(k1, "amount_cents");
-        let (_, k2) = p.decide_keyed("amount_cents", Scalar::U64(1));
-        assert!(
-            k1.same(&k2.expect("kept again")),
-            "one allocation for the key"
-        );
+        let kept = |c: Capture<(SharedStr, Value)>| match c {
+            Capture::Kept(kv) => kv,
+            other => panic!("not kept: {other:?}"),
+        };
+        let (k1, v) = kept(p.decide_keyed("amount_cents", Scalar::U64(4900)));
+        assert_eq!((k1.as_str(), v), ("amount_cents", json!(4900)));
+        let (k2, _) = kept(p.decide_keyed("amount_cents", Scalar::U64(1)));
+        assert!(k1.same(&k2), "one allocation for the key");
         assert_eq!(
             p.decide_keyed("customer_email", Scalar::U64(1)),
-            (Capture::Dropped, None)
+            Capture::Dropped
         );
         assert_eq!(
             p.decide_keyed("reason", Scalar::Str("a sentence")),
-            (Capture::Prose, None)
+            Capture::Prose
         );
-        assert_eq!(p.decide_keyed("", Scalar::U64(1)), (Capture::Dropped, None));
+        assert_eq!(p.decide_keyed("", Scalar::U64(1)), Capture::Dropped);
         for i in 0..(2 * KEY_RULE_SLOTS) {
             p.decide_keyed(&format!("quantity_{i}"), Scalar::U64(1));
         }
-        let (_, k3) = p.decide_keyed("amount_cents", Scalar::U64(2));
-        let k3 = k3.expect("kept after the memory moved on");
+        let (k3, _) = kept(p.decide_keyed("amount_cents", Scalar::U64(2)));
         assert_eq!(k3, "amount_cents");
-        assert!(!k1.same(&k3));
+        assert!(!k1.same(&k3), "rebuilt after the memory moved on");
     }
 
     /// The automata must answer exactly what one `contains` per pattern answered.

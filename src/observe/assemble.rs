@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::event::call::{CallFacts, TraceContext, MAX_REQUEST_ID};
 use crate::event::filter::REDACTED;
-use crate::event::privacy::{Capture, MAX_FIELDS};
+use crate::event::privacy::{Capture, Memo, MAX_FIELDS};
 use crate::event::EventClass;
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
@@ -139,26 +139,16 @@ const TOOL_NAME_SLOTS: usize = 16;
 /// past [`TOOL_NAME_SLOTS`] names the oldest entry is replaced, so a client inventing a name per
 /// call costs what it cost before: the kept name is the event's `rec.action` unless redacted.
 #[derive(Debug, Default)]
-pub(super) struct ToolNames {
-    /// The name as requested, and what it becomes.
-    slots: Vec<(SharedStr, Option<ToolName>)>,
-    next: usize,
-}
+pub(super) struct ToolNames(Memo<Option<ToolName>, TOOL_NAME_SLOTS>);
 
 impl ToolNames {
     pub(super) fn get(&mut self, raw: &str) -> Option<ToolName> {
-        if let Some((_, name)) = self.slots.iter().find(|(r, _)| **r == *raw) {
-            return name.clone();
+        if let Some(name) = self.0.get(raw, |_| true) {
+            return name;
         }
         let raw = SharedStr::from(raw);
         let name = ToolName::of(&raw);
-        let entry = (raw, name.clone());
-        if self.slots.len() < TOOL_NAME_SLOTS {
-            self.slots.push(entry);
-        } else {
-            self.slots[self.next] = entry;
-            self.next = (self.next + 1) % TOOL_NAME_SLOTS;
-        }
+        self.0.put_shared(raw, name.clone());
         name
     }
 }
@@ -182,16 +172,16 @@ impl<S: EventSink> Observer<S> {
                 break;
             }
             match v.as_scalar().map(|s| self.policy.decide_keyed(k, s)) {
-                Some((Capture::Kept(val), Some(key))) => {
+                Some(Capture::Kept(kv)) => {
                     // Room for all the arguments: when all are kept (the usual case), the box the
                     // call holds them in needs no shrinking copy.
                     if m.capacity() == 0 {
                         m.reserve_exact(args.0.len().min(MAX_FIELDS));
                     }
-                    m.push((key, val))
+                    m.push(kv)
                 }
-                Some((Capture::Prose, _)) => prose += 1,
-                Some(_) | None => {}
+                Some(Capture::Prose) => prose += 1,
+                Some(Capture::Dropped) | None => {}
             }
         }
         self.stats.prose_withheld += prose;
