@@ -429,7 +429,7 @@ impl BatchBody {
     /// have string keys); were there one, the body would be left as it was.
     pub fn push(&mut self, event: &Event) -> Result<(), serde_json::Error> {
         let mark = self.open_event();
-        match write_event(&mut self.buf, event) {
+        match write_event(&mut self.buf, event, &mut Repeats::default()) {
             Ok(()) => {
                 self.count += 1;
                 Ok(())
@@ -570,6 +570,46 @@ pub struct EventWriter {
     /// calls, and the one copy into the block costs less than the difference.
     scratch: Vec<u8>,
     block: BytesMut,
+    repeats: Repeats,
+}
+
+/// The bytes last written for the parts of an event that all of a session's events repeat, each
+/// with the values it was written from: `dest.method` and `actor`, and `session`. When an event
+/// holds the same values (the same shared strings, or equal text) its part is copied from here
+/// instead of being written string by string; the bytes are a function of those values alone,
+/// so they are what writing them again would give. Writing these seven strings and the catalog
+/// cost about 700 instructions per event (bench/README.md, "… parts every event repeats"). One
+/// entry each: a stdio session's values change when its catalog or client does, and then once;
+/// HTTP sessions that take turns replace the entry each time, at the cost of a copy.
+#[derive(Debug, Default)]
+struct Repeats {
+    actor: LastWritten<(Cow<'static, str>, Actor)>,
+    session: LastWritten<Session>,
+}
+
+/// What a part of an event was last written from, and the bytes written.
+type LastWritten<K> = Option<(K, Vec<u8>)>;
+
+/// The bytes `slot` holds if `same` says they were written from the values at hand; otherwise
+/// `write`'s, kept in `slot` with `key` (those values).
+#[inline(always)]
+fn repeated<K>(
+    out: &mut Vec<u8>,
+    slot: &mut LastWritten<K>,
+    key: impl FnOnce() -> K,
+    same: impl FnOnce(&K) -> bool,
+    write: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+) -> Result<(), serde_json::Error> {
+    if let Some((k, bytes)) = slot {
+        if same(k) {
+            out.extend_from_slice(bytes);
+            return Ok(());
+        }
+    }
+    let start = out.len();
+    write(out)?;
+    *slot = Some((key(), out[start..].to_vec()));
+    Ok(())
 }
 
 impl EventWriter {
@@ -577,7 +617,7 @@ impl EventWriter {
     pub fn write(&mut self, event: &mut Event) -> Result<Written, WriteError> {
         filter_event_in_place(event)?;
         self.scratch.clear();
-        write_event(&mut self.scratch, event)?;
+        write_event(&mut self.scratch, event, &mut self.repeats)?;
         if self.block.capacity() < self.scratch.len() {
             self.block = BytesMut::with_capacity(WRITE_BLOCK.max(self.scratch.len()));
         }
@@ -592,7 +632,11 @@ impl EventWriter {
 /// whole. Values that are rare or nested (captured fields, the error, the catalog, the
 /// duration's float) are still written by `serde_json`. Goes with the derive: a field added to
 /// [`Event`] must be added here, and the property test fails until it is.
-fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
+fn write_event(
+    out: &mut Vec<u8>,
+    e: &Event,
+    repeats: &mut Repeats,
+) -> Result<(), serde_json::Error> {
     type Out<'a> = &'a mut Vec<u8>;
     /// `k` (the key with the punctuation before it), then `v` as a JSON string.
     #[inline(always)]
@@ -616,7 +660,11 @@ fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
     /// [`text`] when there is a value; nothing when there is none (`skip_serializing_if`).
     #[inline(always)]
     fn opt_text(out: Out, k: &str, v: Option<&str>) -> Result<(), serde_json::Error> {
-        v.map_or(Ok(()), |v| text(out, k, v))
+        // Not `map_or`: the compiler left that a call of its own, 100 instructions each.
+        match v {
+            Some(v) => text(out, k, v),
+            None => Ok(()),
+        }
     }
     /// `k`, then `v` as serde_json writes it.
     #[inline(always)]
@@ -660,11 +708,20 @@ fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
     opt_text(out, ",\"prevToolDef\":", r.prev_tool_def.as_deref())?;
     text(out, "},\"dest\":{\"host\":", &e.dest.host)?;
     text(out, ",\"pathTemplate\":", &e.dest.path_template)?;
-    text(out, ",\"method\":", &e.dest.method)?;
-    text(out, "},\"actor\":{\"id\":", &e.actor.id)?;
-    text(out, ",\"kind\":", &e.actor.kind)?;
-    text(out, ",\"grade\":", &e.actor.grade)?;
-    out.push(b'}');
+    repeated(
+        out,
+        &mut repeats.actor,
+        || (e.dest.method.clone(), e.actor.clone()),
+        |(method, actor)| *method == e.dest.method && *actor == e.actor,
+        |out| {
+            text(out, ",\"method\":", &e.dest.method)?;
+            text(out, "},\"actor\":{\"id\":", &e.actor.id)?;
+            text(out, ",\"kind\":", &e.actor.kind)?;
+            text(out, ",\"grade\":", &e.actor.grade)?;
+            out.push(b'}');
+            Ok(())
+        },
+    )?;
     opt_text(out, ",\"onBehalfOf\":", e.on_behalf_of.as_deref())?;
     value(out, ",\"status\":", &e.status)?;
     value(out, ",\"dur_ms\":", &e.dur_ms)?;
@@ -672,19 +729,28 @@ fn write_event(out: &mut Vec<u8>, e: &Event) -> Result<(), serde_json::Error> {
     value(out, ",\"resp\":", &e.bytes.resp)?;
     out.push(b'}');
     if let Some(s) = &e.session {
-        text(out, ",\"session\":{\"id\":", &s.id)?;
-        opt_text(out, ",\"protocol\":", s.protocol.as_deref())?;
-        opt_text(out, ",\"client\":", s.client.as_deref())?;
-        if let Some(c) = &s.catalog {
-            out.extend_from_slice(b",\"catalog\":{");
-            if let Some(t) = &c.tools {
-                value(out, "\"tools\":", t)?;
-                out.push(b',');
-            }
-            value(out, "\"bytes\":", &c.bytes)?;
-            out.push(b'}');
-        }
-        out.push(b'}');
+        repeated(
+            out,
+            &mut repeats.session,
+            || s.clone(),
+            |k| k == s,
+            |out| {
+                text(out, ",\"session\":{\"id\":", &s.id)?;
+                opt_text(out, ",\"protocol\":", s.protocol.as_deref())?;
+                opt_text(out, ",\"client\":", s.client.as_deref())?;
+                if let Some(c) = &s.catalog {
+                    out.extend_from_slice(b",\"catalog\":{");
+                    if let Some(t) = &c.tools {
+                        value(out, "\"tools\":", t)?;
+                        out.push(b',');
+                    }
+                    value(out, "\"bytes\":", &c.bytes)?;
+                    out.push(b'}');
+                }
+                out.push(b'}');
+                Ok(())
+            },
+        )?;
     }
     if let Some(err) = &e.err {
         value(out, ",\"err\":", err)?;
@@ -849,15 +915,40 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
 
-        /// The event writer is serde's encoding, byte for byte, whatever the event holds.
+        /// The event writer is serde's encoding, byte for byte, whatever the event holds and
+        /// whatever it wrote before: one writer's memory of repeated parts ([`Repeats`]) serves
+        /// a few events in turn, each written three times: as generated, again (its parts
+        /// copied from the memory), and with those parts' text in new allocations.
         #[test]
         fn written_events_are_the_bytes_serde_writes(
-            ev in crate::event::filter::tests::generated::any_built_event()
+            evs in proptest::collection::vec(
+                crate::event::filter::tests::generated::any_built_event(),
+                1..4,
+            )
         ) {
-            let mut ours = Vec::new();
-            write_event(&mut ours, &ev).expect("writes");
-            let serde = serde_json::to_vec(&ev).expect("serialises");
-            proptest::prop_assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&serde));
+            let mut repeats = Repeats::default();
+            for ev in evs.iter().chain(&evs) {
+                let serde = serde_json::to_vec(ev).expect("serialises");
+                let fresh = |s: &SharedStr| SharedStr::from(s.as_str());
+                let mut again = ev.clone();
+                again.dest.method = Cow::Owned(ev.dest.method.to_string());
+                again.actor.id = fresh(&ev.actor.id);
+                again.actor.grade = Cow::Owned(ev.actor.grade.to_string());
+                again.session = ev.session.as_ref().map(|s| Session {
+                    id: fresh(&s.id),
+                    protocol: s.protocol.as_ref().map(fresh),
+                    client: s.client.as_ref().map(fresh),
+                    catalog: s.catalog,
+                });
+                for e in [ev, ev, &again] {
+                    let mut ours = Vec::new();
+                    write_event(&mut ours, e, &mut repeats).expect("writes");
+                    proptest::prop_assert_eq!(
+                        String::from_utf8_lossy(&ours),
+                        String::from_utf8_lossy(&serde)
+                    );
+                }
+            }
         }
     }
 
@@ -1006,7 +1097,7 @@ mod tests {
                     .collect(),
             );
             let mut ours = Vec::new();
-            write_event(&mut ours, &ev).expect("writes");
+            write_event(&mut ours, &ev, &mut Repeats::default()).expect("writes");
             assert_eq!(ours, serde_json::to_vec(&ev).expect("serialises"), "{s:?}");
         }
     }
