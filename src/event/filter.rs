@@ -338,7 +338,7 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
         return Err(invalid("class", "not action, error or drift"));
     }
 
-    check_token(e.rail?, "rec.rail", 32, 1, rail_char)?;
+    RAIL.check(e.rail?)?;
     check_metadata(e.action?, "rec.action", true)?;
     if let Some(r) = e.registry_version? {
         check_token(r, "rec.registryVersion", 64, 1, hex_char)?;
@@ -368,7 +368,7 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
     if !path.starts_with('/') {
         return Err(invalid("dest.pathTemplate", "must start with /"));
     }
-    check_token(e.method?, "dest.method", 16, 1, method_char)?;
+    METHOD.check(e.method?)?;
     if !e.cleared.has(Cleared::HOST) {
         check_metadata(e.host?, "dest.host", true)?;
     }
@@ -376,8 +376,8 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
     if !e.cleared.has(Cleared::ACTOR) {
         check_actor_id(e.actor_id?)?;
     }
-    check_token(e.actor_kind?, "actor.kind", 32, 1, word_char)?;
-    check_token(e.actor_grade?, "actor.grade", 32, 1, word_char)?;
+    KIND.check(e.actor_kind?)?;
+    GRADE.check(e.actor_grade?)?;
     // onBehalfOf names a customer by an opaque id; one that L4 removes fails the event.
     if let Some(o) = e.on_behalf_of? {
         check_metadata(o, "onBehalfOf", true)?;
@@ -721,6 +721,52 @@ pub fn check_actor_id(id: &str) -> Result<(), FilterError> {
 pub const REDACTED: &str = "<redacted>";
 
 /// A string of `min..=max` bytes all satisfying `ok`.
+/// A field of a few characters of one class, and the value the sensor itself gives it.
+struct Token {
+    field: &'static str,
+    max: usize,
+    ok: fn(u8) -> bool,
+    /// What every event the sensor makes holds here: it passes by a comparison of a few bytes
+    /// instead of the scan, which cost about 55 instructions per field per event.
+    /// `tokens_the_sensor_sends_pass_their_rules` holds each to its rule.
+    usual: &'static str,
+}
+
+impl Token {
+    #[inline(always)]
+    fn check(&self, s: &str) -> Result<(), FilterError> {
+        if s == self.usual {
+            return Ok(());
+        }
+        check_token(s, self.field, self.max, 1, self.ok)
+    }
+}
+
+const RAIL: Token = Token {
+    field: "rec.rail",
+    max: 32,
+    ok: rail_char,
+    usual: "mcp",
+};
+const METHOD: Token = Token {
+    field: "dest.method",
+    max: 16,
+    ok: method_char,
+    usual: "POST",
+};
+const KIND: Token = Token {
+    field: "actor.kind",
+    max: 32,
+    ok: word_char,
+    usual: "agent",
+};
+const GRADE: Token = Token {
+    field: "actor.grade",
+    max: 32,
+    ok: word_char,
+    usual: "attested",
+};
+
 fn check_token(
     s: &str,
     field: &str,
@@ -893,6 +939,23 @@ fn word_char(b: u8) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// What [`Token::check`] passes without the scan passes the scan, and the scan still
+    /// refuses the rest.
+    #[test]
+    fn tokens_the_sensor_sends_pass_their_rules() {
+        for t in [RAIL, METHOD, KIND, GRADE] {
+            assert!(
+                check_token(t.usual, t.field, t.max, 1, t.ok).is_ok(),
+                "{}",
+                t.field
+            );
+            assert!(t.check(t.usual).is_ok(), "{}", t.field);
+            for bad in ["", "a b", "Ünï", "x\"", &"a".repeat(t.max + 1)] {
+                assert!(t.check(bad).is_err(), "{} took {bad:?}", t.field);
+            }
+        }
+    }
     use serde_json::json;
 
     pub(crate) fn sample() -> Value {
