@@ -887,9 +887,45 @@ pub fn rfc3339_ms(t: std::time::SystemTime) -> String {
 /// Seconds from 1970-01-01 to 10000-01-01: past it the year has five digits.
 const SECS_TO_YEAR_10000: u64 = 253_402_300_800;
 
+/// The last `width` decimal digits of `v`, into `b` from `at`.
+fn put_digits(b: &mut [u8; 24], at: usize, width: usize, mut v: u64) {
+    for i in (at..at + width).rev() {
+        // `v % 10` is a single digit.
+        b[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+}
+
+thread_local! {
+    /// The second [`rfc3339_ms_epoch`] last wrote, and its text up to the milliseconds: a
+    /// thread's events mostly fall in the second before, and working out the date and time
+    /// of day was about half of writing a timestamp. `u64::MAX` is no second (past year 9999).
+    static LAST_SECOND: std::cell::Cell<(u64, [u8; 24])> =
+        const { std::cell::Cell::new((u64::MAX, [0; 24])) };
+}
+
 /// [`rfc3339_ms`] of an instant `d` after the epoch, before year 10000.
 fn rfc3339_ms_epoch(d: std::time::Duration) -> String {
     let secs = d.as_secs();
+    let mut b = match LAST_SECOND.get() {
+        (last, b) if last == secs => b,
+        _ => {
+            let b = date_and_time(secs);
+            LAST_SECOND.set((secs, b));
+            b
+        }
+    };
+    put_digits(&mut b, 20, 3, u64::from(d.subsec_millis()));
+    // Only ASCII digits and separators were written; the fallback keeps it panic-free.
+    std::str::from_utf8(&b).map_or_else(
+        |_| rfc3339_ms_time(std::time::UNIX_EPOCH + d),
+        str::to_owned,
+    )
+}
+
+/// The timestamp of second `secs` after the epoch (before year 10000), `.000Z` for the
+/// milliseconds.
+fn date_and_time(secs: u64) -> [u8; 24] {
     let (days, sod) = (secs / 86_400, secs % 86_400);
     // Civil date from a day count (H. Hinnant, "chrono-Compatible Low-Level Date Algorithms"),
     // in unsigned arithmetic: the day count is never negative here.
@@ -902,27 +938,14 @@ fn rfc3339_ms_epoch(d: std::time::Duration) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + u64::from(month <= 2);
-    let millis = u64::from(d.subsec_millis());
     let mut b = *b"0000-00-00T00:00:00.000Z";
-    let mut put = |at: usize, width: usize, mut v: u64| {
-        for i in (at..at + width).rev() {
-            // `v % 10` is a single digit.
-            b[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-        }
-    };
-    put(0, 4, year);
-    put(5, 2, month);
-    put(8, 2, day);
-    put(11, 2, sod / 3_600);
-    put(14, 2, sod / 60 % 60);
-    put(17, 2, sod % 60);
-    put(20, 3, millis);
-    // Only ASCII digits and separators were written; the fallback keeps it panic-free.
-    std::str::from_utf8(&b).map_or_else(
-        |_| rfc3339_ms_time(std::time::UNIX_EPOCH + d),
-        str::to_owned,
-    )
+    put_digits(&mut b, 0, 4, year);
+    put_digits(&mut b, 5, 2, month);
+    put_digits(&mut b, 8, 2, day);
+    put_digits(&mut b, 11, 2, sod / 3_600);
+    put_digits(&mut b, 14, 2, sod / 60 % 60);
+    put_digits(&mut b, 17, 2, sod % 60);
+    b
 }
 
 /// [`rfc3339_ms`] through the `time` crate, for any instant.
@@ -1245,6 +1268,9 @@ mod tests {
             let nanos = if i % 3 == 0 { 999_999_999 } else { nanos };
             let t = UNIX_EPOCH + Duration::new(s, nanos);
             assert_eq!(rfc3339_ms(t), rfc3339_ms_time(t), "{s}.{nanos}");
+            // The same second again, its text now remembered.
+            let again = UNIX_EPOCH + Duration::new(s, nanos / 7);
+            assert_eq!(rfc3339_ms(again), rfc3339_ms_time(again), "{s}.{nanos} / 7");
         }
         let past = UNIX_EPOCH - Duration::from_millis(1_500);
         assert_eq!(rfc3339_ms(past), "1969-12-31T23:59:58.500Z");
