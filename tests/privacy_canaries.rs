@@ -887,14 +887,18 @@ fn customer_email_in_every_corner_never_reaches_the_file_or_stderr() {
         .expect("spawn");
     let email = "leaky.canary@victim.example";
     let card = "4111 1111 1111 1111";
+    // The client's name is in every event's session block, which the writer copies from the
+    // bytes it wrote for the event before; the `tools/list` between the calls changes that
+    // block (its catalog) mid-session.
     let msgs = [
         json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",
-            "capabilities":{},"clientInfo":{"name":"canary-client","version":"1"}}}),
+            "capabilities":{},"clientInfo":{"name":format!("assistant of {email}"),"version":"1"}}}),
         json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
         json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"issue_refund",
             "arguments":{"amount_cents":4900,"currency":"EUR","customer_email":email,
                          "reason":format!("card {card} for {email}")},
             "_meta":{"bounded/onBehalfOf":email}}}),
+        json!({"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}),
         json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"lookup_customer",
             "arguments":{"email":email,"customer_id":email}}}),
         json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"void_charge",
@@ -966,6 +970,12 @@ fn customer_email_in_every_corner_never_reaches_the_file_or_stderr() {
         json!({"amount_cents": 4900, "currency": "EUR"})
     );
     assert!(refund.get("onBehalfOf").is_none());
+    let session = &events[0]["session"]["id"];
+    assert!(session.is_string(), "{file}");
+    assert!(
+        events.iter().all(|e| &e["session"]["id"] == session),
+        "{file}"
+    );
     for needle in [email, card, "4111111111111111", "victim.example"] {
         assert!(!file.contains(needle), "{needle} in sink: {file}");
         assert!(!stderr.contains(needle), "{needle} on stderr: {stderr}");
