@@ -976,6 +976,11 @@ fn customer_email_in_every_corner_never_reaches_the_file_or_stderr() {
         events.iter().all(|e| &e["session"]["id"] == session),
         "{file}"
     );
+    // A client name that holds a private value is left out, not sent scrubbed.
+    assert!(
+        events.iter().all(|e| e["session"].get("client").is_none()),
+        "{file}"
+    );
     for needle in [email, card, "4111111111111111", "victim.example"] {
         assert!(!file.contains(needle), "{needle} in sink: {file}");
         assert!(!stderr.contains(needle), "{needle} on stderr: {stderr}");
