@@ -720,7 +720,6 @@ pub fn check_actor_id(id: &str) -> Result<(), FilterError> {
 /// for a real tool.
 pub const REDACTED: &str = "<redacted>";
 
-/// A string of `min..=max` bytes all satisfying `ok`.
 /// A field of a few characters of one class, and the value the sensor itself gives it.
 struct Token {
     field: &'static str,
@@ -733,6 +732,15 @@ struct Token {
 }
 
 impl Token {
+    const fn new(field: &'static str, max: usize, ok: fn(u8) -> bool, usual: &'static str) -> Self {
+        Token {
+            field,
+            max,
+            ok,
+            usual,
+        }
+    }
+
     #[inline(always)]
     fn check(&self, s: &str) -> Result<(), FilterError> {
         if s == self.usual {
@@ -742,31 +750,12 @@ impl Token {
     }
 }
 
-const RAIL: Token = Token {
-    field: "rec.rail",
-    max: 32,
-    ok: rail_char,
-    usual: "mcp",
-};
-const METHOD: Token = Token {
-    field: "dest.method",
-    max: 16,
-    ok: method_char,
-    usual: "POST",
-};
-const KIND: Token = Token {
-    field: "actor.kind",
-    max: 32,
-    ok: word_char,
-    usual: "agent",
-};
-const GRADE: Token = Token {
-    field: "actor.grade",
-    max: 32,
-    ok: word_char,
-    usual: "attested",
-};
+const RAIL: Token = Token::new("rec.rail", 32, rail_char, "mcp");
+const METHOD: Token = Token::new("dest.method", 16, method_char, "POST");
+const KIND: Token = Token::new("actor.kind", 32, word_char, "agent");
+const GRADE: Token = Token::new("actor.grade", 32, word_char, "attested");
 
+/// A string of `min..=max` bytes all satisfying `ok`.
 fn check_token(
     s: &str,
     field: &str,
@@ -939,6 +928,7 @@ fn word_char(b: u8) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use serde_json::json;
 
     /// What [`Token::check`] passes without the scan passes the scan, and the scan still
     /// refuses the rest.
@@ -956,7 +946,6 @@ pub(crate) mod tests {
             }
         }
     }
-    use serde_json::json;
 
     pub(crate) fn sample() -> Value {
         json!({
