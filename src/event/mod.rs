@@ -653,8 +653,10 @@ impl EventWriter {
 /// holds them equal over generated events), without serde's per-field dispatch, and with each
 /// string that needs no escape (nearly all of them: hex ids, names, the timestamp) copied
 /// whole. Values that are rare or nested (captured fields, the error, the catalog, the
-/// duration's float) are still written by `serde_json`. Goes with the derive: a field added to
-/// [`Event`] must be added here, and the property test fails until it is.
+/// duration's float) are still written by `serde_json`. The parts a session's events repeat
+/// are copied from `repeats` when their values are those it last wrote them from. Goes with the
+/// derive: a field added to [`Event`] must be added here, and the property test fails until it
+/// is.
 fn write_event(
     out: &mut Vec<u8>,
     e: &Event,
