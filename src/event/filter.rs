@@ -23,7 +23,10 @@
 use serde_json::{Map, Value};
 
 use super::privacy;
-use super::{DriftChange, ErrKind, Event, Fields, Hint, SharedStr};
+use super::{
+    DriftChange, ErrKind, Event, Fields, Hint, SharedStr, SENSOR_GRADE, SENSOR_KIND, SENSOR_METHOD,
+    SENSOR_RAIL,
+};
 use crate::token::is_b64url;
 
 /// The envelope version this build produces (DESIGN §4).
@@ -750,10 +753,10 @@ impl Token {
     }
 }
 
-const RAIL: Token = Token::new("rec.rail", 32, rail_char, "mcp");
-const METHOD: Token = Token::new("dest.method", 16, method_char, "POST");
-const KIND: Token = Token::new("actor.kind", 32, word_char, "agent");
-const GRADE: Token = Token::new("actor.grade", 32, word_char, "attested");
+const RAIL: Token = Token::new("rec.rail", 32, rail_char, SENSOR_RAIL);
+const METHOD: Token = Token::new("dest.method", 16, method_char, SENSOR_METHOD);
+const KIND: Token = Token::new("actor.kind", 32, word_char, SENSOR_KIND);
+const GRADE: Token = Token::new("actor.grade", 32, word_char, SENSOR_GRADE);
 
 /// A string of `min..=max` bytes all satisfying `ok`.
 fn check_token(

@@ -34,6 +34,14 @@ pub const MAX_BATCH_EVENTS: usize = 500;
 /// make the ingest hold.
 pub const MAX_BATCH_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// What the sensor puts in every event's `rec.rail`, `dest.method`, `actor.kind` and
+/// `actor.grade`. The L3 filter passes exactly these values without scanning them
+/// (`filter::Token`).
+pub(crate) const SENSOR_RAIL: &str = "mcp";
+pub(crate) const SENSOR_METHOD: &str = "POST";
+pub(crate) const SENSOR_KIND: &str = "agent";
+pub(crate) const SENSOR_GRADE: &str = "attested";
+
 /// A string many events carry unchanged (`dest.host`, `actor.id`, the session's facts): every
 /// event holding it shares one allocation, so building an event copies a pointer, not the text.
 /// Serialises and deserialises as a plain JSON string, and compares with `str` like a `String`.

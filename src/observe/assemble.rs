@@ -24,6 +24,7 @@ use crate::event::privacy::{Capture, Memo, MAX_FIELDS};
 use crate::event::EventClass;
 use crate::event::{
     new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
+    SENSOR_GRADE, SENSOR_KIND, SENSOR_METHOD, SENSOR_RAIL,
 };
 
 use super::catalog::Drift;
@@ -192,8 +193,8 @@ impl<S: EventSink> Observer<S> {
     fn actor(&self) -> Actor {
         Actor {
             id: self.actor.clone(),
-            kind: "agent".into(),
-            grade: "attested".into(),
+            kind: SENSOR_KIND.into(),
+            grade: SENSOR_GRADE.into(),
         }
     }
 
@@ -347,7 +348,7 @@ impl<S: EventSink> Observer<S> {
             ts: rfc3339_ms(a.started_wall),
             class: outcome.class(),
             rec: Rec {
-                rail: "mcp".into(),
+                rail: SENSOR_RAIL.into(),
                 action: a.tool.action,
                 registry_version: a.registry_version,
                 fields: a.fields.map(|f| f.into_vec().into_iter().collect()),
@@ -360,7 +361,7 @@ impl<S: EventSink> Observer<S> {
             dest: Dest {
                 host,
                 path_template: a.tool.path,
-                method: "POST".into(),
+                method: SENSOR_METHOD.into(),
             },
             actor: self.actor(),
             on_behalf_of: a.on_behalf_of,
@@ -403,7 +404,7 @@ impl<S: EventSink> Observer<S> {
             ts: rfc3339_ms(wall_clock(seen)),
             class: EventClass::Drift,
             rec: Rec {
-                rail: "mcp".into(),
+                rail: SENSOR_RAIL.into(),
                 action: tool.action,
                 registry_version: self.registry_version.clone(),
                 fields: None,
@@ -416,7 +417,7 @@ impl<S: EventSink> Observer<S> {
             dest: Dest {
                 host: self.host.clone(),
                 path_template: tool.path,
-                method: "POST".into(),
+                method: SENSOR_METHOD.into(),
             },
             actor: self.actor(),
             on_behalf_of: self
