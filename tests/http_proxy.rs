@@ -728,6 +728,17 @@ async fn compressed_body_is_relayed_byte_for_byte() {
 
 // ---------------------------------------------------------------- failures and lifecycle
 
+/// A loopback port that refuses connections while the returned socket lives: bound, never
+/// listening, so no other test can take it. A port found free and let go could be bound
+/// meanwhile by another test's listener that accepts and never answers (the black-hole ingest
+/// of the kill-switch test), and a request to the "unreachable" upstream then hung.
+fn refusing_port() -> (tokio::net::TcpSocket, u16) {
+    let s = tokio::net::TcpSocket::new_v4().expect("socket");
+    s.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    let port = s.local_addr().expect("addr").port();
+    (s, port)
+}
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
@@ -735,7 +746,8 @@ fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_answers_502() {
-    let upstream = format!("http://127.0.0.1:{}/mcp", free_port());
+    let (_refusing, port) = refusing_port();
+    let upstream = format!("http://127.0.0.1:{port}/mcp");
     let proxy = Proxy::start(&upstream, &[], &[]);
     let c = client();
     let a = send(
@@ -954,7 +966,8 @@ async fn session_id_is_hashed_and_never_written() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_reports_a_502_transport_event() {
-    let upstream = format!("http://127.0.0.1:{}/mcp", free_port());
+    let (_refusing, port) = refusing_port();
+    let upstream = format!("http://127.0.0.1:{port}/mcp");
     let (events, _, _) = observed(&upstream, |url| async move {
         let c = client();
         let a = send(&c, Method::POST, &url, JSON_POST, call(1, "echo")).await;
