@@ -117,6 +117,10 @@ pub struct BenchSwitches {
     /// `prefault`: the relay faults in the blocks a burst takes fresh in one call each
     /// (`crate::proxy::stdio`, the relay's `PREFAULT_AFTER`).
     pub prefault: bool,
+    /// `tee`: the relay forwards the rest of a large answer with `tee(2)` (`crate::proxy::stdio`,
+    /// the relay's `TEE_AFTER`). It learns that an answer is large from the tap's trimming, so
+    /// `trim` (and `summary`) switch it off too.
+    pub tee: bool,
 }
 
 impl Default for BenchSwitches {
@@ -127,6 +131,7 @@ impl Default for BenchSwitches {
             summary: true,
             trim: true,
             prefault: true,
+            tee: true,
         }
     }
 }
@@ -143,9 +148,14 @@ impl BenchSwitches {
                 "summary" => {
                     on.summary = false;
                     on.trim = false;
+                    on.tee = false;
                 }
-                "trim" => on.trim = false,
+                "trim" => {
+                    on.trim = false;
+                    on.tee = false;
+                }
                 "prefault" => on.prefault = false,
+                "tee" => on.tee = false,
                 _ => unknown.push(name.to_string()),
             }
         }
@@ -268,7 +278,7 @@ pub enum ConfigWarning {
     )]
     BadOrigin { value: String },
     #[error(
-        "{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, idle, summary, trim, prefault: ignored"
+        "{ENV_BENCH_DISABLE} name {value:?} is not one of pacer, idle, summary, trim, prefault, tee: ignored"
     )]
     BadBenchSwitch { value: String },
     /// An OTLP setting (`crate::otlp::config`); the sentence never holds a header value.
@@ -783,6 +793,7 @@ mod tests {
                 summary: false,
                 trim: false,
                 prefault: false,
+                tee: false,
                 ..BenchSwitches::default()
             }
         );

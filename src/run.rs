@@ -135,10 +135,18 @@ fn run_stdio(cfg: &Config) -> i32 {
     // The relay runs on its own threads; this (main) thread spawns the server and drives the
     // session.
     let proxy = StdioProxy::new(program.clone(), args.clone());
-    let prefault = cfg.bench.prefault;
+    let (prefault, tee) = (cfg.bench.prefault, cfg.bench.tee);
     let outcome = proxy.run(
-        Some(Tapped { tx: c2s, prefault }),
-        Some(Tapped { tx: s2c, prefault }),
+        Some(Tapped {
+            tx: c2s,
+            prefault,
+            tee,
+        }),
+        Some(Tapped {
+            tx: s2c,
+            prefault,
+            tee,
+        }),
     );
     let cause = session_ended(&outcome);
     observer.finish(cfg, cause, &tap_stats);

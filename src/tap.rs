@@ -426,21 +426,30 @@ impl TapSender {
     /// Hands forwarded bytes to the observer (the relay's own buffer, no copy). Never blocks on
     /// the observer (the lock is held only for queue pushes) and wakes it only if it is asleep
     /// waiting for work; counts a drop when the chunk or byte bound is reached. The middle of a
-    /// large frame is held back and skipped (see [`Trim`]).
-    pub fn offer(&mut self, seen: Instant, bytes: Bytes) {
+    /// large frame is held back and skipped (see [`Trim`]). Returns the bytes read so far of
+    /// the frame still open after this chunk (0 with trimming off): how the relay tells a large
+    /// message in progress.
+    pub fn offer(&mut self, seen: Instant, bytes: Bytes) -> u64 {
         let i = self.dir.index();
         let stats = &self.shared.stats;
         stats.offered_chunks[i].fetch_add(1, Ordering::Relaxed);
         stats.offered_bytes[i].fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let (shared, dir, gap) = (&*self.shared, self.dir, &mut self.gap);
-        match &mut self.trim {
-            Some(trim) => trim.accept(seen, bytes, |at, b, skipped| {
-                Self::enqueue(shared, dir, gap, at, b, skipped)
-            }),
-            None => Self::enqueue(shared, dir, gap, seen, bytes, 0),
-        }
+        let open = match &mut self.trim {
+            Some(trim) => {
+                trim.accept(seen, bytes, |at, b, skipped| {
+                    Self::enqueue(shared, dir, gap, at, b, skipped)
+                });
+                trim.frame_len
+            }
+            None => {
+                Self::enqueue(shared, dir, gap, seen, bytes, 0);
+                0
+            }
+        };
         // After the pushes (or drops): whoever sees `active` false finds the chunks queued.
         self.settle();
+        open
     }
 
     /// Queues one chunk for `dir`, or counts it as dropped and marks the next one `after_gap`.

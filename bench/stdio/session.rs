@@ -45,18 +45,21 @@ pub enum Mechanism {
     Trim,
     /// The relay's faulting in of the blocks a burst takes fresh.
     Prefault,
+    /// The relay's `tee(2)` of a large answer's rest.
+    Tee,
 }
 
 /// The environment variable a `wrap:file-no-<name>` target sets on the wrapper.
 pub const ENV_DISABLE: &str = "BOUNDED_BENCH_DISABLE";
 
 impl Mechanism {
-    pub const ALL: [Mechanism; 5] = [
+    pub const ALL: [Mechanism; 6] = [
         Mechanism::Pacer,
         Mechanism::Idle,
         Mechanism::Summary,
         Mechanism::Trim,
         Mechanism::Prefault,
+        Mechanism::Tee,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +69,7 @@ impl Mechanism {
             Mechanism::Summary => "summary",
             Mechanism::Trim => "trim",
             Mechanism::Prefault => "prefault",
+            Mechanism::Tee => "tee",
         }
     }
 
@@ -139,6 +143,7 @@ impl Target {
                 Mechanism::Summary => "wrap:file-no-summary",
                 Mechanism::Trim => "wrap:file-no-trim",
                 Mechanism::Prefault => "wrap:file-no-prefault",
+                Mechanism::Tee => "wrap:file-no-tee",
             },
             Target::Wrap(WrapMode::Healthy) => "wrap:healthy",
             Target::Wrap(WrapMode::BlackHole) => "wrap:blackhole",

@@ -85,6 +85,9 @@ pub struct Tapped {
     /// Fault in the blocks a burst takes fresh in one call each (on, except for the
     /// benchmark's `prefault` switch; see `relay::PREFAULT_AFTER`).
     pub prefault: bool,
+    /// Forward the rest of a large answer with `tee(2)` (on, except for the benchmark's `tee`
+    /// switch; see `relay::TEE_AFTER`).
+    pub tee: bool,
 }
 
 /// Signals forwarded to the child's process group (invariant 6).
@@ -174,8 +177,8 @@ impl StdioProxy {
             }
         };
         let group = Arc::new(spawned.group);
-        let c2s = c2s.map(|t| TapSlot::new(t.tx, t.prefault));
-        let s2c = s2c.map(|t| TapSlot::new(t.tx, t.prefault));
+        let c2s = c2s.map(|t| TapSlot::new(t.tx, t.prefault, t.tee));
+        let s2c = s2c.map(|t| TapSlot::new(t.tx, t.prefault, t.tee));
         let (tx, rx) = mpsc::channel();
 
         if let Some(mut signals) = signals {

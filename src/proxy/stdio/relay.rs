@@ -8,7 +8,8 @@
 //! observer gets, with no copy (a copy per chunk cost the relay thread ~40 % more CPU per MB);
 //! in a burst, fresh blocks are faulted in whole ([`PREFAULT_AFTER`]).
 //! Writes go out with `write_all` on an unbuffered descriptor (no `BufWriter`, no `LineWriter`
-//! holding a partial line). Must never parse, log per chunk, allocate when unobserved, or wait
+//! holding a partial line); the rest of a large answer goes pipe to pipe by `tee(2)`
+//! ([`TEE_AFTER`]). Must never parse, log per chunk, allocate when unobserved, or wait
 //! on the observer.
 
 use std::collections::VecDeque;
@@ -49,6 +50,8 @@ pub struct TapSlot {
     tx: Mutex<Option<TapSender>>,
     /// Blocks taken during a burst are faulted in with one call (see [`PREFAULT_AFTER`]).
     prefault: bool,
+    /// The rest of a large answer goes by `tee(2)` (see [`TEE_AFTER`]).
+    tee: bool,
     /// Bytes were read and announced ([`TapSlot::begin`]) and are not offered or settled yet.
     /// Only changed with `tx` locked.
     forwarding: AtomicBool,
@@ -65,24 +68,26 @@ pub struct TapSlot {
 const HAND_OFF_WAIT: Duration = Duration::from_millis(100);
 
 impl TapSlot {
-    /// `prefault`: see [`PREFAULT_AFTER`] (on, except for the benchmark's `prefault` switch).
-    pub fn new(tx: TapSender, prefault: bool) -> Arc<Self> {
+    /// `prefault`: see [`PREFAULT_AFTER`]; `tee`: see [`TEE_AFTER`] (both on, except for the
+    /// benchmark's switches of those names).
+    pub fn new(tx: TapSender, prefault: bool, tee: bool) -> Arc<Self> {
         Arc::new(TapSlot {
             tx: Mutex::new(Some(tx)),
             prefault,
+            tee,
             forwarding: AtomicBool::new(false),
             closer_waits: AtomicBool::new(false),
             handed: Condvar::new(),
         })
     }
 
-    fn offer(&self, seen: Instant, chunk: Bytes) {
+    /// Returns the bytes read so far of the frame still open (see `TapSender::offer`).
+    fn offer(&self, seen: Instant, chunk: Bytes) -> u64 {
         // Uncontended except at the very end of the session; the offer never blocks.
         let mut guard = lock(&self.tx);
-        if let Some(tx) = guard.as_mut() {
-            tx.offer(seen, chunk);
-        }
+        let open = guard.as_mut().map_or(0, |tx| tx.offer(seen, chunk));
         self.handed_over();
+        open
     }
 
     /// Announces that bytes read at `seen` are about to be forwarded (see `TapSender::begin`).
@@ -157,6 +162,28 @@ fn write_chunk<W: Write + AsFd>(w: &mut W, mut buf: &[u8]) -> io::Result<()> {
 
 /// A read into a block shorter than this takes a fresh block first, so reads stay large.
 const MIN_READ: usize = 16 * 1024;
+
+/// Once the server's current message is this long (more than its pipe holds), the observed
+/// loop forwards the rest of it with `tee(2)` and then reads the same bytes for the tap: the
+/// server's pipe pages are passed to the client's pipe by reference, where a `write(2)` copied
+/// each byte into fresh pages, so a large answer costs one copy instead of two. Only between two
+/// pipes, on Linux: when the client's end is a socket (Node's `child_process`), a file or a
+/// terminal, `tee` refuses and the loop writes as before for the rest of the session. Not for
+/// small answers: a `tee` costs a `poll` more than a write, and each one takes a slot of the
+/// client's 16-slot pipe however few bytes it holds. `bench/README.md`, "Large answers passed
+/// by reference".
+const TEE_AFTER: u64 = READ_BUF as u64;
+
+/// What [`ReadBuf::tee`] did.
+enum Teed {
+    /// Bytes went to the client and are the block's new contents.
+    Forwarded,
+    /// The server's end is at EOF.
+    Eof,
+    /// Bytes went to the client but could not be read back (no known cause: nothing else reads
+    /// the server's pipe). The loop ends rather than forward them twice.
+    Unread,
+}
 
 /// Blocks kept for reuse per observed loop: the tap (or the observer) may still hold pieces of
 /// the last few; a block is reused once all of its pieces are dropped. Without the pool every
@@ -246,32 +273,63 @@ impl ReadBuf {
         match self {
             ReadBuf::Fixed(buf) => {
                 buf.clear();
-                read_spare(r, buf)
+                read_spare(r, buf, usize::MAX)
             }
-            ReadBuf::Blocks {
-                cur,
-                pool,
-                prefault: fault_in,
-            } => {
-                cur.clear();
-                if cur.capacity() < MIN_READ && !cur.try_reclaim(READ_BUF) {
-                    let free = pool.iter_mut().position(|b| b.try_reclaim(READ_BUF));
-                    let next = free.and_then(|i| pool.remove(i)).unwrap_or_else(|| {
-                        let mut fresh = BytesMut::with_capacity(READ_BUF);
-                        if *fault_in && pool.len() >= PREFAULT_AFTER {
-                            prefault(fresh.spare_capacity_mut());
-                        }
-                        fresh
-                    });
-                    let full = std::mem::replace(cur, next);
-                    if pool.len() == POOL_BLOCKS {
-                        pool.pop_front();
-                    }
-                    pool.push_back(full);
-                }
-                read_spare(r, cur)
+            ReadBuf::Blocks { .. } => {
+                let block = self.block();
+                read_spare(r, block, usize::MAX)
             }
         }
+    }
+
+    /// Observed only: the current block, emptied, with at least [`MIN_READ`] bytes to spare.
+    fn block(&mut self) -> &mut BytesMut {
+        let ReadBuf::Blocks {
+            cur,
+            pool,
+            prefault: fault_in,
+        } = self
+        else {
+            unreachable!("only observed loops read into blocks");
+        };
+        cur.clear();
+        if cur.capacity() < MIN_READ && !cur.try_reclaim(READ_BUF) {
+            let free = pool.iter_mut().position(|b| b.try_reclaim(READ_BUF));
+            let next = free.and_then(|i| pool.remove(i)).unwrap_or_else(|| {
+                let mut fresh = BytesMut::with_capacity(READ_BUF);
+                if *fault_in && pool.len() >= PREFAULT_AFTER {
+                    prefault(fresh.spare_capacity_mut());
+                }
+                fresh
+            });
+            let full = std::mem::replace(cur, next);
+            if pool.len() == POOL_BLOCKS {
+                pool.pop_front();
+            }
+            pool.push_back(full);
+        }
+        cur
+    }
+
+    /// Observed only: forwards what `from` holds to `to` with `tee(2)`, then reads those same
+    /// bytes into the current block for the tap (see [`TEE_AFTER`]). Waits for room in `to`
+    /// as a write would; `from` should hold bytes. An error means that no byte moved
+    /// (`Unsupported` where there is no `tee`).
+    fn tee<R: AsFd, W: AsFd>(&mut self, from: &R, to: &W) -> io::Result<Teed> {
+        let block = self.block();
+        let n = tee_once(from, to, block.capacity() - block.len())?;
+        if n == 0 {
+            return Ok(Teed::Eof);
+        }
+        // The bytes just duplicated are still at the front of `from` (only this thread reads
+        // it), so this takes exactly them, and cannot block.
+        while block.len() < n {
+            match read_spare(from, block, n - block.len()) {
+                Ok(0) | Err(_) => return Ok(Teed::Unread),
+                Ok(_) => {}
+            }
+        }
+        Ok(Teed::Forwarded)
     }
 
     /// The bytes of the last read (`n` of them).
@@ -291,14 +349,37 @@ impl ReadBuf {
     }
 }
 
+/// `tee(2)` of at most `len` bytes from `from` to `to`, retrying EINTR and waiting out EAGAIN
+/// (a client's pipe handed us non-blocking) as `write_chunk` does.
+#[cfg(target_os = "linux")]
+fn tee_once<R: AsFd, W: AsFd>(from: &R, to: &W, len: usize) -> io::Result<usize> {
+    use nix::errno::Errno;
+    use nix::fcntl::{tee, SpliceFFlags};
+    loop {
+        match tee(from, to, len, SpliceFFlags::empty()) {
+            Ok(n) => return Ok(n),
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => wait_ready(to, PollFlags::POLLOUT),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn tee_once<R: AsFd, W: AsFd>(_: &R, _: &W, _: usize) -> io::Result<usize> {
+    Err(ErrorKind::Unsupported.into())
+}
+
 /// `read(2)` into the spare capacity of `block`, retrying EINTR and waiting out EAGAIN (for
 /// descriptors a client handed us in non-blocking mode); the bytes read become `block`'s
 /// contents. Reading into uninitialised spare capacity spares both loops a zero-fill, and lets
 /// the observed one hand its reads to the tap without a copy.
-fn read_spare<R: AsFd>(r: &R, block: &mut BytesMut) -> io::Result<usize> {
+fn read_spare<R: AsFd>(r: &R, block: &mut BytesMut, at_most: usize) -> io::Result<usize> {
     let fd = r.as_fd().as_raw_fd();
     loop {
         let spare = block.spare_capacity_mut();
+        let len = spare.len().min(at_most);
+        let spare = &mut spare[..len];
         // SAFETY: `spare` is valid for writes of `spare.len()` bytes (it is the block's own
         // unused capacity, borrowed mutably for this call), and read(2) writes at most that
         // many bytes into it; it does not read the buffer, so uninitialised memory is fine.
@@ -306,7 +387,7 @@ fn read_spare<R: AsFd>(r: &R, block: &mut BytesMut) -> io::Result<usize> {
         if rc >= 0 {
             let n = rc as usize;
             // SAFETY: read(2) returned `n` ≤ `spare.len()`, so the first `n` bytes of the spare
-            // capacity (right after the current length, 0) were written by the kernel and are
+            // capacity (right after the current length) were written by the kernel and are
             // initialised, and `n` is within the capacity.
             unsafe { block.set_len(block.len() + n) };
             return Ok(n);
@@ -374,7 +455,39 @@ pub fn server_to_client<R: AsFd>(
     notes: Sender<Note>,
 ) {
     let mut buf = ReadBuf::new(tap.is_some(), tap.as_ref().is_some_and(|t| t.prefault));
+    // Whether to try `tee(2)` (see [`TEE_AFTER`]): off for good once refused. `open`: bytes
+    // read so far of the server's message in progress.
+    let (mut tee_works, mut open) = (tap.as_ref().is_some_and(|t| t.tee), 0u64);
     let note = loop {
+        if let (Some(tap), true) = (&tap, tee_works && open >= TEE_AFTER) {
+            // Wait for bytes before announcing them: the observer holds back the other
+            // direction while this one is announced, and the server may be idle for long.
+            wait_ready(&input, PollFlags::POLLIN);
+            let seen = Instant::now();
+            tap.begin(seen);
+            match buf.tee(&input, &output) {
+                Ok(Teed::Forwarded) => {
+                    #[cfg(test)]
+                    tests::TEED.with(|t| t.set(t.get() + 1));
+                    open = tap.offer(seen, buf.take());
+                    continue;
+                }
+                Ok(Teed::Eof | Teed::Unread) => {
+                    tap.settle();
+                    break Note::ServerEof;
+                }
+                Err(e) => {
+                    tap.settle();
+                    if e.raw_os_error() == Some(libc::EPIPE) {
+                        break Note::ClientGone;
+                    }
+                    // Not two pipes (EINVAL), no `tee`, or anything else: nothing moved, so
+                    // the loop reads and writes from now on, and meets any real fault there.
+                    tee_works = false;
+                    continue;
+                }
+            }
+        }
         let n = match buf.read(&input) {
             Ok(0) | Err(_) => break Note::ServerEof,
             Ok(n) => n,
@@ -390,7 +503,7 @@ pub fn server_to_client<R: AsFd>(
             break Note::ClientGone;
         }
         if let Some(tap) = &tap {
-            tap.offer(seen, buf.take());
+            open = tap.offer(seen, buf.take());
         }
     };
     if let Some(tap) = &tap {
@@ -454,6 +567,126 @@ mod tests {
         writer.join().expect("writer");
         assert_eq!(got.len(), data.len());
         assert!(got == data, "bytes differ");
+    }
+
+    thread_local! {
+        /// Chunks this thread's `server_to_client` forwarded with `tee(2)`.
+        pub(super) static TEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// The server's answers around a 1 MB one, written in odd pieces, reach a client reading a
+    /// pipe (where the large one's rest goes by `tee`), one that handed us its pipe
+    /// non-blocking and reads late (`tee` waits for room), a client reading a socket (where
+    /// `tee` is refused and the loop writes), and a client that stops reading (the loop ends
+    /// noting it gone). Each time the tap gets exactly the bytes forwarded, with only the large
+    /// answer's middle skipped.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn large_answers_reach_pipe_and_socket_clients_whole_and_the_tap_exactly() {
+        use crate::tap::{tap, TapMsg, TAP_CAPACITY};
+        use std::io::Read;
+        use std::os::fd::OwnedFd;
+        let mut data = Vec::new();
+        for i in 0..50 {
+            data.extend_from_slice(
+                format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"result\":{{}}}}\n").as_bytes(),
+            );
+        }
+        let big: String = (0..1_000_000u32)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        data.extend_from_slice(
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":50,\"result\":\"{big}\"}}\n").as_bytes(),
+        );
+        for i in 51..60 {
+            data.extend_from_slice(
+                format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"result\":{{}}}}\n").as_bytes(),
+            );
+        }
+        for client in ["pipe", "non-blocking", "socket", "gone"] {
+            let (from_server, writer) = pipe_fed(&data, 7_001);
+            let (ours, mut reader): (OwnedFd, Box<dyn Read + Send>) = match client {
+                "socket" => {
+                    let (a, b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+                    (a.into(), Box::new(b))
+                }
+                _ => {
+                    let (r, w) = std::io::pipe().expect("pipe");
+                    if client == "non-blocking" {
+                        use nix::fcntl::{fcntl, FcntlArg, OFlag};
+                        fcntl(&w, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).expect("O_NONBLOCK");
+                    }
+                    (w.into(), Box::new(r))
+                }
+            };
+            let gone = client == "gone";
+            let late = client == "non-blocking";
+            let reading = std::thread::spawn(move || {
+                let mut got = Vec::new();
+                if late {
+                    // The pipe fills up first, so `tee` meets EAGAIN.
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if gone {
+                    // Past the start of the large answer, then the client goes away.
+                    let mut part = vec![0u8; 200_000];
+                    reader.read_exact(&mut part).expect("read");
+                    return part;
+                }
+                reader.read_to_end(&mut got).expect("read");
+                got
+            });
+            let (_c2s, s2c, mut rx, _stats) = tap(TAP_CAPACITY);
+            let (tx, notes) = std::sync::mpsc::channel();
+            let before = TEED.with(|t| t.get());
+            server_to_client(
+                from_server,
+                File::from(ours),
+                Some(TapSlot::new(s2c, true, true)),
+                tx,
+            );
+            let teed = TEED.with(|t| t.get()) - before;
+            let got = reading.join().expect("client");
+            if gone {
+                assert_eq!(notes.recv(), Ok(Note::ClientGone));
+                assert_eq!(got[..], data[..got.len()]);
+                // The server's writer sees the broken pipe once the loop drops its end.
+                let _ = writer.join();
+                assert!(
+                    teed > 0,
+                    "the large answer did not go by tee before the client left"
+                );
+                continue;
+            }
+            writer.join().expect("writer");
+            assert_eq!(notes.recv(), Ok(Note::ServerEof));
+            assert!(got == data, "{client}: the client got other bytes");
+            match client {
+                "socket" => assert_eq!(teed, 0, "{client}: tee cannot reach a socket"),
+                _ => assert!(teed > 5, "{client}: only {teed} chunks went by tee"),
+            }
+            let mut msgs = std::collections::VecDeque::new();
+            while rx.drain(&mut msgs) == crate::tap::Drained::Some {}
+            let mut at = 0usize;
+            let mut skipped = 0u64;
+            for m in msgs {
+                if let TapMsg::Chunk(c) = m {
+                    assert!(!c.after_gap, "{client}: a chunk was dropped");
+                    at += c.skipped as usize;
+                    skipped += c.skipped;
+                    assert!(
+                        c.bytes[..] == data[at..at + c.bytes.len()],
+                        "{client}: at {at}"
+                    );
+                    at += c.bytes.len();
+                }
+            }
+            assert_eq!(at, data.len(), "{client}: the tap's bytes and skips add up");
+            assert!(
+                skipped > 500_000,
+                "{client}: the large answer's middle crossed the tap"
+            );
+        }
     }
 
     /// Minor page faults of the calling thread so far (field 10 of its stat line).
@@ -586,7 +819,7 @@ mod tests {
     fn closing_waits_for_bytes_already_forwarded() {
         use crate::tap::{Drained, TapMsg};
         let (c2s, _s2c, mut rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-        let slot = TapSlot::new(c2s, true);
+        let slot = TapSlot::new(c2s, true, true);
         let t0 = Instant::now();
         slot.begin(t0);
         let relay = {
@@ -617,7 +850,7 @@ mod tests {
         assert!(matches!(out.pop_front(), Some(TapMsg::Closed { .. })));
         // Nothing announced: closing does not wait.
         let (c2s, _s2c, _rx, _stats) = crate::tap::tap(crate::tap::TAP_CAPACITY);
-        let slot = TapSlot::new(c2s, true);
+        let slot = TapSlot::new(c2s, true, true);
         let t0 = Instant::now();
         slot.close(t0);
         assert!(t0.elapsed() < HAND_OFF_WAIT);
