@@ -746,7 +746,7 @@ impl Token {
 
     #[inline(always)]
     fn check(&self, s: &str) -> Result<(), FilterError> {
-        if s == self.usual {
+        if super::same_text(s, self.usual) {
             return Ok(());
         }
         check_token(s, self.field, self.max, 1, self.ok)

@@ -270,34 +270,29 @@ impl ReadBuf {
 
     /// Reads once (see [`read_spare`]); `Ok(0)` is EOF. The bytes are then in [`ReadBuf::filled`].
     fn read<R: AsFd>(&mut self, r: &R) -> io::Result<usize> {
-        match self {
-            ReadBuf::Fixed(buf) => {
-                buf.clear();
-                read_spare(r, buf, usize::MAX)
-            }
-            ReadBuf::Blocks { .. } => {
-                let block = self.block();
-                read_spare(r, block, usize::MAX)
-            }
-        }
+        read_spare(r, self.empty(), usize::MAX)
     }
 
-    /// Observed only: the current block, emptied, with at least [`MIN_READ`] bytes to spare.
-    fn block(&mut self) -> &mut BytesMut {
-        let ReadBuf::Blocks {
-            cur,
-            pool,
-            prefault: fault_in,
-        } = self
-        else {
-            unreachable!("only observed loops read into blocks");
+    /// What the next read fills, emptied: the fixed buffer, or the current block with at least
+    /// [`MIN_READ`] bytes to spare.
+    fn empty(&mut self) -> &mut BytesMut {
+        let (cur, pool, fault_in) = match self {
+            ReadBuf::Fixed(buf) => {
+                buf.clear();
+                return buf;
+            }
+            ReadBuf::Blocks {
+                cur,
+                pool,
+                prefault,
+            } => (cur, pool, *prefault),
         };
         cur.clear();
         if cur.capacity() < MIN_READ && !cur.try_reclaim(READ_BUF) {
             let free = pool.iter_mut().position(|b| b.try_reclaim(READ_BUF));
             let next = free.and_then(|i| pool.remove(i)).unwrap_or_else(|| {
                 let mut fresh = BytesMut::with_capacity(READ_BUF);
-                if *fault_in && pool.len() >= PREFAULT_AFTER {
+                if fault_in && pool.len() >= PREFAULT_AFTER {
                     prefault(fresh.spare_capacity_mut());
                 }
                 fresh
@@ -311,12 +306,12 @@ impl ReadBuf {
         cur
     }
 
-    /// Observed only: forwards what `from` holds to `to` with `tee(2)`, then reads those same
-    /// bytes into the current block for the tap (see [`TEE_AFTER`]). Waits for room in `to`
+    /// Forwards what `from` holds to `to` with `tee(2)`, then reads those same bytes into the
+    /// next block for the tap (see [`TEE_AFTER`]). Waits for room in `to`
     /// as a write would; `from` should hold bytes. An error means that no byte moved
     /// (`Unsupported` where there is no `tee`).
     fn tee<R: AsFd, W: AsFd>(&mut self, from: &R, to: &W) -> io::Result<Teed> {
-        let block = self.block();
+        let block = self.empty();
         let n = tee_once(from, to, block.capacity() - block.len())?;
         if n == 0 {
             return Ok(Teed::Eof);
@@ -371,8 +366,8 @@ fn tee_once<R: AsFd, W: AsFd>(_: &R, _: &W, _: usize) -> io::Result<usize> {
 }
 
 /// `read(2)` into the spare capacity of `block`, retrying EINTR and waiting out EAGAIN (for
-/// descriptors a client handed us in non-blocking mode); the bytes read become `block`'s
-/// contents. Reading into uninitialised spare capacity spares both loops a zero-fill, and lets
+/// descriptors a client handed us in non-blocking mode); at most `at_most` bytes, appended to
+/// `block`'s contents. Reading into uninitialised spare capacity spares both loops a zero-fill, and lets
 /// the observed one hand its reads to the tap without a copy.
 fn read_spare<R: AsFd>(r: &R, block: &mut BytesMut, at_most: usize) -> io::Result<usize> {
     let fd = r.as_fd().as_raw_fd();
