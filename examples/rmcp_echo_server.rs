@@ -99,9 +99,19 @@ impl EchoServer {
         Ok(format!("sent {count}"))
     }
 
-    #[tool(description = "Answer with a text of `bytes` bytes")]
+    /// Every 10 bytes of the text say where they stand (`000000010|`, ...), so a client that
+    /// got a chunk twice, lost one or got them out of order sees a different text from the one
+    /// it can compute for itself.
+    #[tool(description = "Answer with a text of `bytes` bytes, each 10 stamped with its offset")]
     fn big(&self, Parameters(BigArgs { bytes }): Parameters<BigArgs>) -> String {
-        "y".repeat(bytes)
+        let mut text = String::with_capacity(bytes + 10);
+        let mut at = 0;
+        while text.len() < bytes {
+            text.push_str(&format!("{at:09}|"));
+            at += 10;
+        }
+        text.truncate(bytes);
+        text
     }
 }
 

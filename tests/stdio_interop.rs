@@ -219,6 +219,10 @@ async fn rmcp_session(lifecycle: ClientLifecycleMode, era: ProtocolVersion) {
     // A multi-MB response frame.
     let big = call_text(&service, "big", json!({ "bytes": 3_000_000 })).await;
     assert_eq!(big.len(), 3_000_000);
+    assert!(
+        big == interop_support::stamped_text(3_000_000),
+        "the 3 MB answer arrived with its bytes changed, lost, repeated or out of order"
+    );
 
     // Pipelined calls: all in flight at once, every answer matched to its request.
     let calls = (0..40).map(|i| {

@@ -1,6 +1,7 @@
 //! Shared by the interop tests and the HTTP benchmark: the official reference server
-//! `@modelcontextprotocol/server-everything` in streamableHttp mode on loopback (tests/node), and
-//! the official MCP Python SDK client (tests/python/mcp_client.py in tests/python/.venv).
+//! `@modelcontextprotocol/server-everything` in streamableHttp mode on loopback (tests/node), the
+//! official MCP Python SDK client (tests/python/mcp_client.py in tests/python/.venv) and the
+//! official TypeScript SDK's stdio client (tests/node/stdio_client.mjs).
 //!
 //! Both are pinned and installed by scripts/test-deps.sh. Tests call the `require_*` functions,
 //! which fail (never skip) with what to run; the benchmark asks the `*_installed` functions and
@@ -184,15 +185,36 @@ pub fn start_proxy(upstream: &str, extra: &[&str]) -> (Reaped, u16) {
 /// Runs tests/python/mcp_client.py with `args` in the venv and returns the one JSON line it
 /// prints; the client is killed if it has not finished within `timeout`.
 pub fn run_python_client(args: &[&str], timeout: Duration) -> Result<Value, String> {
-    let child = Command::new(venv_python())
-        .current_dir(python_dir())
+    let mut cmd = Command::new(venv_python());
+    cmd.current_dir(python_dir())
         .arg("mcp_client.py")
-        .args(args)
+        .args(args);
+    run_client(cmd, "the Python SDK client", timeout)
+}
+
+/// Runs tests/node/stdio_client.mjs with `args` and returns the one JSON line it prints; the
+/// client is killed if it has not finished within `timeout`.
+pub fn run_typescript_stdio_client(args: &[&str], timeout: Duration) -> Result<Value, String> {
+    require_node_packages();
+    let mut cmd = Command::new("node");
+    cmd.current_dir(node_dir())
+        .arg("stdio_client.mjs")
+        .args(args);
+    run_client(cmd, "the TypeScript SDK client", timeout)
+}
+
+/// Runs a client driver that prints one JSON line and exits.
+fn run_client(mut cmd: Command, what: &str, timeout: Duration) -> Result<Value, String> {
+    let args: Vec<_> = cmd
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", venv_python().display()))?;
+        .map_err(|e| format!("cannot start {what} ({:?}): {e}", cmd.get_program()))?;
     let (tx, rx) = mpsc::channel();
     let pid = child.id();
     std::thread::spawn(move || {
@@ -204,20 +226,33 @@ pub fn run_python_client(args: &[&str], timeout: Duration) -> Result<Value, Stri
             // SAFETY: kill(2) on our own child, still unreaped (the waiting thread owns it).
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             return Err(format!(
-                "the Python SDK client ({args:?}) did not finish within {timeout:?}"
+                "{what} ({args:?}) did not finish within {timeout:?}"
             ));
         }
     };
     if !out.status.success() {
         return Err(format!(
-            "the Python SDK client ({args:?}) failed: {}",
+            "{what} ({args:?}) failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| {
         format!(
-            "the Python SDK client ({args:?}) printed no JSON line ({e}): {}",
+            "{what} ({args:?}) printed no JSON line ({e}): {}",
             String::from_utf8_lossy(&out.stdout)
         )
     })
+}
+
+/// The text examples/rmcp_echo_server.rs's `big` tool answers with: every 10 bytes say where
+/// they stand, so a chunk lost, repeated or moved shows.
+pub fn stamped_text(bytes: usize) -> String {
+    let mut text = String::with_capacity(bytes + 10);
+    let mut at = 0;
+    while text.len() < bytes {
+        text.push_str(&format!("{at:09}|"));
+        at += 10;
+    }
+    text.truncate(bytes);
+    text
 }

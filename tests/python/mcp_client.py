@@ -24,12 +24,20 @@ endpoint, directly or through the proxy, and by bench/stdio.rs over stdio:
     wrappers around two of the SDK's private helpers (`_create_platform_compatible_process`,
     `_close_pipe`, pinned SDK); everything else is the SDK as it is.
 
+  python mcp_client.py stdio-transcript <echo text> -- <command> [args...]
+    The SDK's own stdio client launches <command> (an rmcp_echo_server, directly or wrapped)
+    and runs a fixed session: list tools, echo <echo text>, sum, `notify` with progress and logging
+    notifications, one large answer (`big`, 5,000,000 bytes), an unknown tool, 20 echoes in
+    flight at once, then close. Prints one JSON line with what the client saw; the large text
+    is given as its length and SHA-256, the notifications as sorted values.
+
 The transcript is taken between the SDK's client session and its Streamable HTTP transport, so
 it shows what a real SDK client receives, including notifications it did not ask for.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -238,6 +246,69 @@ async def stdio_session(calls: int, env: dict[str, str], argv: list[str]) -> dic
     return {"close_ns": seen.get("close_ns"), "context_exit_ns": time.monotonic_ns()}
 
 
+# The session stdio-transcript runs; tests/node/stdio_client.mjs runs the same one, and
+# tests/stdio_sdk_clients.rs checks what both saw.
+BIG_BYTES = 5_000_000
+IN_FLIGHT = 20
+
+
+async def stdio_transcript(argv: list[str], echo_text: str) -> dict[str, Any]:
+    from mcp.client.stdio import StdioServerParameters
+    from mcp.shared.exceptions import MCPError
+
+    logs: list[Any] = []
+    progress: list[float] = []
+
+    async def on_log(params: Any) -> None:
+        logs.append(params.data)
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(done)
+
+    def texts(result: Any) -> list[str]:
+        return [c.text for c in result.content if getattr(c, "type", None) == "text"]
+
+    out: dict[str, Any] = {}
+    params = StdioServerParameters(command=argv[0], args=argv[1:])
+    async with Client(
+        params,
+        client_info=CLIENT_INFO,
+        read_timeout_seconds=READ_TIMEOUT_S,
+        logging_callback=on_log,
+    ) as client:
+        out["tools"] = sorted(t.name for t in (await client.list_tools()).tools)
+        out["echo"] = texts(await client.call_tool("echo", {"text": echo_text}))
+        out["sum"] = texts(await client.call_tool("sum", {"a": 2, "b": 40}))
+        out["notify"] = texts(
+            await client.call_tool("notify", {"count": 3}, progress_callback=on_progress)
+        )
+        big = "".join(texts(await client.call_tool("big", {"bytes": BIG_BYTES})))
+        out["big"] = {
+            "bytes": len(big.encode()),
+            "sha256": hashlib.sha256(big.encode()).hexdigest(),
+        }
+        try:
+            missing = await client.call_tool("no-such-tool", {})
+            out["missing"] = {"isError": missing.is_error}
+        except MCPError as e:
+            out["missing"] = {"code": e.code}
+        answers: dict[int, list[str]] = {}
+
+        async def one(i: int) -> None:
+            answers[i] = texts(await client.call_tool("echo", {"text": f"msg-{i}"}))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(IN_FLIGHT):
+                tg.start_soon(one, i)
+        out["inFlight"] = [answers[i] for i in range(IN_FLIGHT)]
+        # Notifications travel ahead of their answer, but the SDK may still be handing them to
+        # the callbacks: the answer to a later request says they have all been read.
+        await client.call_tool("sum", {"a": 0, "b": 0})
+    out["logSteps"] = sorted(d["step"] for d in logs)
+    out["progress"] = sorted(progress)
+    return out
+
+
 def parse_stdio_session(args: list[str]) -> tuple[int, dict[str, str], list[str]] | None:
     """`<calls> [--env NAME=VALUE]... -- <command> [args...]`, or None when malformed."""
     if not args or "--" not in args:
@@ -264,10 +335,13 @@ def main() -> None:
         out = anyio.run(bench, args[1], int(args[2]))
     elif args and args[0] == "stdio-session" and (parsed := parse_stdio_session(args[1:])):
         out = anyio.run(stdio_session, *parsed)
+    elif len(args) >= 4 and args[0] == "stdio-transcript" and args[2] == "--":
+        out = anyio.run(stdio_transcript, args[3:], args[1])
     else:
         print(
             "usage: mcp_client.py transcript <url> | bench <url> <calls>"
-            " | stdio-session <calls> [--env NAME=VALUE]... -- <command> [args...]",
+            " | stdio-session <calls> [--env NAME=VALUE]... -- <command> [args...]"
+            " | stdio-transcript <echo text> -- <command> [args...]",
             file=sys.stderr,
         )
         sys.exit(2)
