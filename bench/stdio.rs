@@ -7,8 +7,9 @@
 //! server, the relay and each measured phase (the pinned phase runs under `taskset -c 0`, so the
 //! driver, the relay or wrapper, the server and the stand-in ingests all share CPU 0). The
 //! wrapper measured is the real binary cargo built next to this one. After the phases, the
-//! scenario rows (bench/stdio/scenarios.rs: a typical Python SDK session, one-shot start-up,
-//! CPU contention, a flood of unanswered calls) run from this process, unpinned.
+//! scenario rows (bench/stdio/scenarios.rs: a typical session driven by the Python and the
+//! TypeScript SDK clients, one-shot start-up, CPU contention, a flood of unanswered calls) run
+//! from this process, unpinned.
 //!
 //! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
 //! non-zero only when the harness itself cannot run (the direct or relay target fails).

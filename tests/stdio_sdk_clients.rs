@@ -182,6 +182,9 @@ fn python_sdk_stdio_client_sees_the_same_session_through_the_wrapper() {
 fn typescript_sdk_stdio_client_sees_the_same_session_through_the_wrapper() {
     require_node_packages();
     check("typescript-interop-client", |args| {
-        run_typescript_stdio_client(args, CLIENT_TIMEOUT)
+        let (text, command) = args.split_first().expect("echo text");
+        let mut argv = vec![*text, "--"];
+        argv.extend_from_slice(command);
+        run_typescript_stdio_client(&argv, CLIENT_TIMEOUT)
     });
 }

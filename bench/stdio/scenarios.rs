@@ -1,7 +1,7 @@
 //! The rows of issue 20 that are whole scenarios rather than workloads of the main table: a
-//! typical session driven by the official Python SDK client, a one-shot start-up, the
-//! sequential latency and the exit after a burst with every CPU kept busy, and a flood of calls
-//! the server never answers. They run after the main phases, unpinned, each target in its own
+//! typical session driven by each official SDK client (Python, TypeScript), a one-shot
+//! start-up, the sequential latency and the exit after a burst with every CPU kept busy, and a
+//! flood of calls the server never answers. They run after the main phases, unpinned, each target in its own
 //! fresh sessions, targets interleaved run by run. `wrap:file-no-<name>` targets (`--ablate`)
 //! run wherever `wrap:file` does.
 //!
@@ -214,19 +214,22 @@ pub fn run(ctx: &mut Ctx, plan: &Plan) -> Results {
                     Target::Wrap(WrapMode::Otlp),
                 ]);
                 for run in 1..=plan.typical_runs {
-                    for (k, _) in targets.iter().enumerate() {
-                        // Rotating order, so no target always follows the same one.
-                        let t = targets[(k + run as usize - 1) % targets.len()];
-                        eprintln!(
-                            "bench: [typical] run {run}/{} {}",
-                            plan.typical_runs,
-                            t.name()
-                        );
-                        let rec = typical::run(ctx, t, run, plan.typical_calls);
-                        if let Some(e) = &rec.error {
-                            eprintln!("bench: {e}");
+                    for client in typical::Client::ALL {
+                        for (k, _) in targets.iter().enumerate() {
+                            // Rotating order, so no target always follows the same one.
+                            let t = targets[(k + run as usize - 1) % targets.len()];
+                            eprintln!(
+                                "bench: [typical] run {run}/{} {} client, {}",
+                                plan.typical_runs,
+                                client.name(),
+                                t.name()
+                            );
+                            let rec = typical::run(ctx, client, t, run, plan.typical_calls);
+                            if let Some(e) = &rec.error {
+                                eprintln!("bench: {e}");
+                            }
+                            res.typical.push(rec);
                         }
-                        res.typical.push(rec);
                     }
                 }
             }
@@ -688,16 +691,33 @@ pub fn render(plan: &Plan, res: &Results) -> String {
 }
 
 fn render_typical(o: &mut String, plan: &Plan, res: &Results) {
-    let _ = writeln!(
-        o,
-        "\n== typical session: official Python SDK client → server-everything over stdio, {} tools/call (echo); \
-         medians of {} interleaved run(s), unpinned\n",
-        plan.typical_calls, plan.typical_runs
-    );
     if let Some(why) = &res.typical_skipped {
-        let _ = writeln!(o, "typical session {why}");
+        let _ = writeln!(
+            o,
+            "\n== typical session: official SDK clients → server-everything over stdio\n\ntypical session {why}"
+        );
         return;
     }
+    for client in typical::Client::ALL {
+        let recs: Vec<TypicalRec> = res
+            .typical
+            .iter()
+            .filter(|r| r.client == client.name())
+            .cloned()
+            .collect();
+        render_typical_client(o, plan, client, &recs);
+    }
+}
+
+fn render_typical_client(o: &mut String, plan: &Plan, client: typical::Client, typ: &[TypicalRec]) {
+    let _ = writeln!(
+        o,
+        "\n== typical session: official {} client → server-everything over stdio, {} tools/call (echo); \
+         medians of {} interleaved run(s), unpinned\n",
+        client.name(),
+        plan.typical_calls,
+        plan.typical_runs
+    );
     let _ = writeln!(
         o,
         "{:<22} {:>18} {:>14} {:>14} {:>18} {:>12} {:>12} {:>10}",
@@ -719,8 +739,8 @@ fn render_typical(o: &mut String, plan: &Plan, res: &Results) {
         "ms",
         format!("ms, wrap ≤ {TYPICAL_CLOSE_MAX_MS:.0}")
     );
-    for name in names(res.typical.iter().map(|r| &r.target)) {
-        let recs: Vec<&TypicalRec> = res.typical.iter().filter(|r| &r.target == name).collect();
+    for name in names(typ.iter().map(|r| &r.target)) {
+        let recs: Vec<&TypicalRec> = typ.iter().filter(|r| &r.target == name).collect();
         let m =
             |g: fn(&TypicalRec) -> Option<f64>| median(recs.iter().filter_map(|r| g(r)).collect());
         let rss = m(|r| r.hwm_kib).map(|k| k / MIB);
@@ -777,11 +797,11 @@ fn render_typical(o: &mut String, plan: &Plan, res: &Results) {
     }
     let _ = writeln!(
         o,
-        "(peak RSS = VmHWM of the process the SDK spawned, last read before it exited; from the SDK closing its \
-         stdin (noted by the client): server exit = → node exited, close→exit = → that process exited \
-         (/proc polled every 0.25 ms), after server = their difference, what the wrapper adds to the \
-         exit; SDK sees = → the client's session context exited (the SDK polls every 10 ms); \
-         events = file sink events / calls, summed)"
+        "(peak RSS = VmHWM of the process the SDK spawned, last read before it exited; from the SDK closing \
+         (Python) or shutting down (TypeScript) its stdin, noted by the client: server exit = → node exited, \
+         close→exit = → that process exited (/proc polled every 0.25 ms), after server = their difference, \
+         what the wrapper adds to the exit; SDK sees = → the client was done with the session (the Python \
+         SDK polls every 10 ms); events = file sink events / calls, summed)"
     );
 }
 

@@ -1,14 +1,17 @@
-//! One typical session: the official MCP Python SDK client (tests/python/mcp_client.py,
-//! `stdio-session` mode, in the venv scripts/test-deps.sh builds) launches a target around
+//! One typical session: an official MCP SDK client launches a target around
 //! `@modelcontextprotocol/server-everything` over stdio (tests/node) and makes sequential
-//! `tools/call`s of `echo`.
+//! `tools/call`s of `echo`. Two clients, each with its SDK's own stdio transport: the Python SDK
+//! (tests/python/mcp_client.py `stdio-session`, in the venv scripts/test-deps.sh builds), which
+//! gives the server pipes, and the TypeScript SDK (tests/node/stdio_client.mjs `session`), whose
+//! Node gives it socket pairs.
 //!
 //! The client prints the pid of the process the SDK spawned (the wrapper, the relay, or node
 //! for `direct`) once its calls are done, and waits for our go before closing the session. We
 //! read that process's VmHWM, send the go, and poll /proc/<pid>/status until the process is
-//! gone or a zombie with no thread left, noting CLOCK_MONOTONIC when we see it; the client notes the same clock
-//! just after the SDK closed the server's stdin. The SDK itself only polls the exit every 10 ms,
-//! so its own timing could not tell 1 ms from 9.
+//! gone or a zombie with no thread left, noting CLOCK_MONOTONIC when we see it; the client notes
+//! the same clock when the SDK has closed (Python) or shut down (Node) the server's stdin. The
+//! SDKs themselves only poll or wait for the exit coarsely (Python every 10 ms), so their own
+//! timing could not tell 1 ms from 9.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -32,9 +35,47 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(30);
 /// How often the spawned process is looked at after the go.
 const POLL: Duration = Duration::from_micros(250);
 
+/// The official SDK client that drives a typical session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    Python,
+    TypeScript,
+}
+
+impl Client {
+    pub const ALL: [Client; 2] = [Client::Python, Client::TypeScript];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Client::Python => "Python SDK",
+            Client::TypeScript => "TypeScript SDK",
+        }
+    }
+
+    /// The driver, up to its mode's arguments.
+    fn command(self) -> Command {
+        match self {
+            Client::Python => {
+                let mut cmd = Command::new(venv_python());
+                cmd.current_dir(python_dir())
+                    .args(["mcp_client.py", "stdio-session"]);
+                cmd
+            }
+            Client::TypeScript => {
+                let mut cmd = Command::new(which("node").unwrap_or_else(|| "node".into()));
+                cmd.current_dir(node_dir())
+                    .args(["stdio_client.mjs", "session"]);
+                cmd
+            }
+        }
+    }
+}
+
 /// One typical session's figures.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TypicalRec {
+    /// [`Client::name`].
+    pub client: String,
     pub target: String,
     pub run: u32,
     pub error: Option<String>,
@@ -87,28 +128,31 @@ fn everything_argv() -> Vec<OsString> {
     ]
 }
 
-/// CLOCK_MONOTONIC in ns, the clock Python's `time.monotonic_ns()` reads on Linux.
+/// CLOCK_MONOTONIC in ns, the clock Python's `time.monotonic_ns()` and Node's
+/// `process.hrtime` read on Linux.
 fn monotonic_ns() -> i128 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(|t| i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec()))
         .unwrap_or(0)
 }
 
-/// One session through `target`; `calls` echo calls.
-pub fn run(ctx: &mut Ctx, target: Target, run: u32, calls: u32) -> TypicalRec {
+/// One session of `client` through `target`; `calls` echo calls.
+pub fn run(ctx: &mut Ctx, client: Client, target: Target, run: u32, calls: u32) -> TypicalRec {
     let mut rec = TypicalRec {
+        client: client.name().into(),
         target: target.name().into(),
         run,
         ..TypicalRec::default()
     };
-    if let Err(e) = session_into(ctx, target, calls, &mut rec) {
-        rec.error = Some(format!("{}: {e}", target.name()));
+    if let Err(e) = session_into(ctx, client, target, calls, &mut rec) {
+        rec.error = Some(format!("{} client, {}: {e}", client.name(), target.name()));
     }
     rec
 }
 
 fn session_into(
     ctx: &mut Ctx,
+    client: Client,
     target: Target,
     calls: u32,
     rec: &mut TypicalRec,
@@ -117,11 +161,8 @@ fn session_into(
     let launch = Launch::new(ctx, target, &everything_argv(), &label)?;
     let log_path = ctx.tmp.join(format!("{label}.client.stderr"));
     let log = File::create(&log_path).map_err(|e| format!("client log: {e}"))?;
-    let mut cmd = Command::new(venv_python());
-    cmd.current_dir(python_dir())
-        .arg("mcp_client.py")
-        .arg("stdio-session")
-        .arg(calls.to_string());
+    let mut cmd = client.command();
+    cmd.arg(calls.to_string());
     for (k, v) in &launch.env {
         cmd.arg("--env").arg(format!("{k}={v}"));
     }
@@ -131,9 +172,10 @@ fn session_into(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log));
+    let program = cmd.get_program().to_owned();
     let mut client = cmd
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", venv_python().display()))?;
+        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
     let _watchdog = session::start_watchdog(client.id(), CALLS_DEADLINE + EXIT_DEADLINE);
     let (Some(mut to_client), Some(from_client)) = (client.stdin.take(), client.stdout.take())
     else {

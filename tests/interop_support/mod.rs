@@ -192,13 +192,13 @@ pub fn run_python_client(args: &[&str], timeout: Duration) -> Result<Value, Stri
     run_client(cmd, "the Python SDK client", timeout)
 }
 
-/// Runs tests/node/stdio_client.mjs with `args` and returns the one JSON line it prints; the
-/// client is killed if it has not finished within `timeout`.
+/// Runs tests/node/stdio_client.mjs's `transcript` with `args` and returns the one JSON line it
+/// prints; the client is killed if it has not finished within `timeout`.
 pub fn run_typescript_stdio_client(args: &[&str], timeout: Duration) -> Result<Value, String> {
     require_node_packages();
     let mut cmd = Command::new("node");
     cmd.current_dir(node_dir())
-        .arg("stdio_client.mjs")
+        .args(["stdio_client.mjs", "transcript"])
         .args(args);
     run_client(cmd, "the TypeScript SDK client", timeout)
 }
