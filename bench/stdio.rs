@@ -7,9 +7,9 @@
 //! server, the relay and each measured phase (the pinned phase runs under `taskset -c 0`, so the
 //! driver, the relay or wrapper, the server and the stand-in ingests all share CPU 0). The
 //! wrapper measured is the real binary cargo built next to this one. After the phases, the
-//! scenario rows (bench/stdio/scenarios.rs: a typical session driven by the Python and the
-//! TypeScript SDK clients, one-shot start-up, CPU contention, a flood of unanswered calls) run
-//! from this process, unpinned.
+//! scenario rows (bench/stdio/scenarios.rs: a typical session driven by the Python, TypeScript
+//! and Rust SDK clients, one-shot start-up, CPU contention, a flood of unanswered calls) run from
+//! this process, unpinned.
 //!
 //! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
 //! non-zero only when the harness itself cannot run (the direct or relay target fails).
@@ -167,6 +167,7 @@ fn main() {
             Some("server") => roles::server_main(&args[2..]),
             Some("relay") => roles::relay_main(&args[2..]),
             Some("phase") => phase_main(&args[2..]),
+            Some("rmcp-client") => typical::rmcp_client_main(&args[2..]),
             other => {
                 eprintln!("bench: unknown role {other:?}");
                 2

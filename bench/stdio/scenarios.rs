@@ -1,5 +1,5 @@
 //! The rows of issue 20 that are whole scenarios rather than workloads of the main table: a
-//! typical session driven by each official SDK client (Python, TypeScript), a one-shot
+//! typical session driven by each official SDK client (Python, TypeScript, Rust), a one-shot
 //! start-up, the sequential latency and the exit after a burst with every CPU kept busy, and a
 //! flood of calls the server never answers. They run after the main phases, unpinned, each target in its own
 //! fresh sessions, targets interleaved run by run. `wrap:file-no-<name>` targets (`--ablate`)
@@ -798,7 +798,7 @@ fn render_typical_client(o: &mut String, plan: &Plan, client: typical::Client, t
     let _ = writeln!(
         o,
         "(peak RSS = VmHWM of the process the SDK spawned, last read before it exited; from the SDK closing \
-         (Python) or shutting down (TypeScript) its stdin, noted by the client: server exit = → node exited, \
+         (Python, Rust) or shutting down (TypeScript) its stdin, noted by the client: server exit = → node exited, \
          close→exit = → that process exited (/proc polled every 0.25 ms), after server = their difference, \
          what the wrapper adds to the exit; SDK sees = → the client was done with the session (the Python \
          SDK polls every 10 ms); events = file sink events / calls, summed)"

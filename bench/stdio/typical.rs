@@ -1,9 +1,10 @@
 //! One typical session: an official MCP SDK client launches a target around
 //! `@modelcontextprotocol/server-everything` over stdio (tests/node) and makes sequential
-//! `tools/call`s of `echo`. Two clients, each with its SDK's own stdio transport: the Python SDK
-//! (tests/python/mcp_client.py `stdio-session`, in the venv scripts/test-deps.sh builds), which
-//! gives the server pipes, and the TypeScript SDK (tests/node/stdio_client.mjs `session`), whose
-//! Node gives it socket pairs.
+//! `tools/call`s of `echo`. Three clients: the Python SDK (tests/python/mcp_client.py
+//! `stdio-session`, in the venv scripts/test-deps.sh builds) and the TypeScript SDK
+//! (tests/node/stdio_client.mjs `session`), each with its own stdio transport, and the Rust SDK
+//! (`rmcp`'s client in this binary, `--role rmcp-client`, see [`rmcp_client_main`]). Python and
+//! Rust give the server pipes; Node gives it socket pairs.
 //!
 //! The client prints the pid of the process the SDK spawned (the wrapper, the relay, or node
 //! for `direct`) once its calls are done, and waits for our go before closing the session. We
@@ -40,15 +41,17 @@ const POLL: Duration = Duration::from_micros(250);
 pub enum Client {
     Python,
     TypeScript,
+    Rust,
 }
 
 impl Client {
-    pub const ALL: [Client; 2] = [Client::Python, Client::TypeScript];
+    pub const ALL: [Client; 3] = [Client::Python, Client::TypeScript, Client::Rust];
 
     pub fn name(self) -> &'static str {
         match self {
             Client::Python => "Python SDK",
             Client::TypeScript => "TypeScript SDK",
+            Client::Rust => "Rust SDK (rmcp)",
         }
     }
 
@@ -67,8 +70,115 @@ impl Client {
                     .args(["stdio_client.mjs", "session"]);
                 cmd
             }
+            Client::Rust => {
+                let me = std::env::current_exe().unwrap_or_else(|_| "stdio-bench".into());
+                let mut cmd = Command::new(me);
+                cmd.args(["--role", "rmcp-client"]);
+                cmd
+            }
         }
     }
+}
+
+/// `--role rmcp-client <calls> [--env NAME=VALUE]... -- <command> [args...]`: the session the
+/// Python and TypeScript drivers run, with the official Rust SDK's client. rmcp's
+/// `TokioChildProcess` closes the server's stdin and waits for the exit inside one call, so the
+/// close could not be timed apart from the wait: this spawns the server itself, with piped
+/// stdin and stdout and the environment inherited plus each `--env`, as `TokioChildProcess`
+/// does, and gives rmcp the two pipes (its async read/write transport, the one
+/// `TokioChildProcess` wraps). Cancelling the service drops the stdin; then it waits for the exit.
+pub fn rmcp_client_main(args: &[String]) -> i32 {
+    let Some((calls, env, argv)) = parse_session_args(args) else {
+        eprintln!("usage: --role rmcp-client <calls> [--env NAME=VALUE]... -- <command> [args...]");
+        return 2;
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rmcp-client: runtime: {e}");
+            return 1;
+        }
+    };
+    match rt.block_on(rmcp_session(calls, env, argv)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rmcp-client: {e}");
+            1
+        }
+    }
+}
+
+type SessionArgs<'a> = (u32, Vec<(&'a str, &'a str)>, &'a [String]);
+
+fn parse_session_args(args: &[String]) -> Option<SessionArgs<'_>> {
+    let dashes = args.iter().position(|a| a == "--")?;
+    let (head, argv) = (&args[..dashes], &args[dashes + 1..]);
+    let calls = head.first()?.parse().ok()?;
+    let mut env = Vec::new();
+    for pair in head[1..].chunks(2) {
+        match pair {
+            [flag, kv] if flag == "--env" => env.push(kv.split_once('=')?),
+            _ => return None,
+        }
+    }
+    (!argv.is_empty()).then_some((calls, env, argv))
+}
+
+async fn rmcp_session(calls: u32, env: Vec<(&str, &str)>, argv: &[String]) -> Result<(), String> {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::ServiceExt;
+    use tokio::io::AsyncBufReadExt;
+
+    let mut child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
+    let pid = child.id();
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err("the server's pipes are missing".into());
+    };
+    let service = ().serve((stdout, stdin)).await.map_err(|e| format!("initialize: {e}"))?;
+    let t = Instant::now();
+    for i in 0..calls {
+        let mut arguments = serde_json::Map::new();
+        arguments.insert("message".into(), format!("call {i}").into());
+        let params = CallToolRequestParams::new("echo").with_arguments(arguments);
+        let r = service
+            .call_tool(params)
+            .await
+            .map_err(|e| format!("echo call {i}: {e}"))?;
+        if r.is_error == Some(true) {
+            return Err(format!("echo call {i} failed: {r:?}"));
+        }
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        serde_json::json!({ "pid": pid, "calls": calls, "seconds": seconds })
+    );
+    let mut go = String::new();
+    tokio::io::BufReader::new(tokio::io::stdin())
+        .read_line(&mut go)
+        .await
+        .map_err(|e| format!("waiting for the go: {e}"))?;
+    let _ = service.cancel().await;
+    let close_ns = monotonic_ns();
+    child
+        .wait()
+        .await
+        .map_err(|e| format!("waiting for the server: {e}"))?;
+    println!(
+        "{}",
+        serde_json::json!({ "close_ns": close_ns as i64, "context_exit_ns": monotonic_ns() as i64 })
+    );
+    Ok(())
 }
 
 /// One typical session's figures.
