@@ -18,11 +18,13 @@
 //! reading it slowly (1 MiB every 50 ms), through the relay and a fresh proxy process per run;
 //! it reports the proxy's peak RSS (issue 20, item 6).
 //!
-//! A last table drives real clients and a real server: the official MCP Python SDK client
-//! (tests/python, in the venv scripts/test-deps.sh builds) making sequential `tools/call` of
-//! `echo` against `@modelcontextprotocol/server-everything` (tests/node), direct, through the
-//! relay and through the observed proxy. When either is not installed the table is left out
-//! with a line saying so.
+//! Last, a table per official MCP SDK client drives a real client and a real server: the Python
+//! SDK (tests/python, in the venv scripts/test-deps.sh builds), the TypeScript SDK
+//! (tests/node/http_client.mjs `bench`) and the Rust SDK (`rmcp`, in this process), each making
+//! sequential `tools/call` of `echo` against `@modelcontextprotocol/server-everything`
+//! (tests/node) over its own Streamable HTTP transport, direct, through the relay and through
+//! the observed proxy. When a client or the server is not installed its table is left out with
+//! a line saying so.
 //!
 //! It measures and reports; it never fails on a missed target (benchmarks do not gate). It exits
 //! non-zero only when the harness itself cannot run. `cargo bench --bench http` measures
@@ -68,10 +70,10 @@ struct Settings {
     calls: usize,
     sse: usize,
     blobs: usize,
-    /// Sequential `tools/call` per Python SDK client run (issue 13: 500).
-    py_calls: usize,
-    /// Python SDK client runs per target, in rotating order; the table shows the median.
-    py_rounds: usize,
+    /// Sequential `tools/call` per SDK client run (issue 13: 500).
+    sdk_calls: usize,
+    /// SDK client runs per client and target, in rotating order; the table shows the median.
+    sdk_rounds: usize,
     /// The slow-readers table: concurrent clients, result size, bytes read between pauses,
     /// the pause, and runs per target (each with a fresh proxy process).
     slow_clients: usize,
@@ -533,8 +535,8 @@ fn main() {
         calls: 2_000,
         sse: 100,
         blobs: 20,
-        py_calls: 500,
-        py_rounds: 5,
+        sdk_calls: 500,
+        sdk_rounds: 5,
         // Issue 20 item 6: 20 clients × 20 MiB, read 1 MiB every 50 ms.
         slow_clients: 20,
         slow_result: 20 * 1024 * 1024,
@@ -549,8 +551,8 @@ fn main() {
             calls: 30,
             sse: 3,
             blobs: 1,
-            py_calls: 5,
-            py_rounds: 1,
+            sdk_calls: 5,
+            sdk_rounds: 1,
             slow_clients: 2,
             slow_result: 1024 * 1024,
             slow_chunk: 256 * 1024,
@@ -564,8 +566,8 @@ fn main() {
             calls: 300,
             sse: 20,
             blobs: 3,
-            py_calls: 100,
-            py_rounds: 1,
+            sdk_calls: 100,
+            sdk_rounds: 1,
             slow_rounds: 1,
             ..full
         }
@@ -681,7 +683,7 @@ fn main() {
     }
     println!("\nTargets: added p50 ≤ 150 µs; 5 MB bandwidth ≥ 0.8× direct.");
     let slow_readers = slow_readers_table(addr, &s);
-    let python = python_sdk_table(&s);
+    let sdk_clients = sdk_client_tables(&s);
     if !benching {
         println!(
             "Smoke run (no --bench): figures are not meaningful; run `cargo bench --bench http`."
@@ -694,9 +696,7 @@ fn main() {
         .map(|(n, f)| (n.to_string(), serde_json::to_value(f).unwrap_or_default()))
         .collect();
     json.insert("slow_readers".into(), slow_readers);
-    if let Some(py) = python {
-        json.insert("python_sdk".into(), py);
-    }
+    json.insert("sdk_clients".into(), sdk_clients);
     let json = serde_json::Value::from(json);
     let _ = std::fs::write(format!("{OUT_DIR}/http.json"), json.to_string());
 }
@@ -866,26 +866,121 @@ fn slow_readers_table(upstream: SocketAddr, s: &Settings) -> serde_json::Value {
     serde_json::Value::from(out)
 }
 
-/// Longest one Python SDK client run may take: 500 calls took 22 s through the proxy before its
-/// upstream connections set TCP_NODELAY; a run that hangs is killed, not waited on.
-const PY_RUN_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest one SDK client run may take: 500 calls took 22 s through the proxy with the Python
+/// client before its upstream connections set TCP_NODELAY; a run that hangs is killed, not
+/// waited on.
+const SDK_RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The Python SDK client table: `py_rounds` runs of `py_calls` sequential `tools/call` per
-/// target, each run a fresh client process and session (connecting is not timed). Returns the
-/// medians for bench/out/http.json, or None when the client or the server is not installed or
-/// a run failed (said on stdout).
-fn python_sdk_table(s: &Settings) -> Option<serde_json::Value> {
-    use interop_support::{node_packages_installed, python_sdk_installed};
-    println!(
-        "\nOfficial MCP Python SDK client → server-everything (Streamable HTTP): {} sequential tools/call per run, median of {} runs\n",
-        s.py_calls, s.py_rounds
-    );
-    if !node_packages_installed() || !python_sdk_installed() {
+/// An official SDK client the last tables drive.
+#[derive(Clone, Copy)]
+enum SdkClient {
+    Python,
+    TypeScript,
+    Rust,
+}
+
+impl SdkClient {
+    const ALL: [SdkClient; 3] = [SdkClient::Python, SdkClient::TypeScript, SdkClient::Rust];
+
+    fn name(self) -> &'static str {
+        match self {
+            SdkClient::Python => "Python SDK",
+            SdkClient::TypeScript => "TypeScript SDK",
+            SdkClient::Rust => "Rust SDK (rmcp)",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            SdkClient::Python => "python",
+            SdkClient::TypeScript => "typescript",
+            SdkClient::Rust => "rust",
+        }
+    }
+
+    /// Why this client cannot run here, if it cannot.
+    fn missing(self) -> Option<&'static str> {
+        match self {
+            SdkClient::Python if !interop_support::python_sdk_installed() => {
+                Some("the Python SDK venv (tests/python/.venv) is not installed")
+            }
+            _ => None,
+        }
+    }
+
+    /// One fresh client and session: connects, makes one untimed call, then `calls` timed
+    /// sequential `tools/call` of echo; returns the seconds those took.
+    fn run(self, url: &str, calls: usize) -> Result<f64, String> {
+        let n = calls.to_string();
+        let out = match self {
+            SdkClient::Python => {
+                interop_support::run_python_client(&["bench", url, &n], SDK_RUN_TIMEOUT)?
+            }
+            SdkClient::TypeScript => interop_support::run_node_driver(
+                &["http_client.mjs", "bench", url, &n],
+                SDK_RUN_TIMEOUT,
+            )?,
+            SdkClient::Rust => return rmcp_bench(url, calls),
+        };
+        out["seconds"]
+            .as_f64()
+            .ok_or_else(|| format!("no seconds in {out}"))
+    }
+}
+
+/// The Rust SDK's run of [`SdkClient::run`], in this process on a runtime of its own.
+fn rmcp_bench(url: &str, calls: usize) -> Result<f64, String> {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+
+    // reqwest is built without a default TLS provider; install the one the crate uses.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    let work = async {
+        let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+        let client = ().serve(transport).await.map_err(|e| format!("initialize: {e}"))?;
+        let echo = |message: String| {
+            let mut arguments = serde_json::Map::new();
+            arguments.insert("message".into(), message.into());
+            client.call_tool(CallToolRequestParams::new("echo").with_arguments(arguments))
+        };
+        // One call before the clock starts, so connection set-up is not timed.
+        echo("warm-up".into())
+            .await
+            .map_err(|e| format!("warm-up: {e}"))?;
+        let t = Instant::now();
+        for i in 0..calls {
+            let r = echo(format!("call {i}"))
+                .await
+                .map_err(|e| format!("echo call {i}: {e}"))?;
+            if r.is_error == Some(true) {
+                return Err(format!("echo call {i} failed: {r:?}"));
+            }
+        }
+        let seconds = t.elapsed().as_secs_f64();
+        let _ = client.cancel().await;
+        Ok(seconds)
+    };
+    rt.block_on(async { tokio::time::timeout(SDK_RUN_TIMEOUT, work).await })
+        .map_err(|_| format!("did not finish within {SDK_RUN_TIMEOUT:?}"))?
+}
+
+/// A table per official SDK client: `sdk_rounds` runs of `sdk_calls` sequential `tools/call`
+/// per target, each run a fresh client and session (connecting is not timed). Returns the
+/// medians for bench/out/http.json by client; a client that is not installed, or whose run
+/// failed, has no entry (said on stdout).
+fn sdk_client_tables(s: &Settings) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    if !interop_support::node_packages_installed() {
         println!(
-            "Python SDK table left out: server-everything (tests/node) or the Python SDK venv \
-             (tests/python/.venv) is not installed; run scripts/test-deps.sh."
+            "\nSDK client tables left out: server-everything (tests/node) or node is not \
+             installed; run scripts/test-deps.sh."
         );
-        return None;
+        return out.into();
     }
     let server = interop_support::start_everything();
     let addr = SocketAddr::from(([127, 0, 0, 1], server.port));
@@ -896,17 +991,54 @@ fn python_sdk_table(s: &Settings) -> Option<serde_json::Value> {
         ("TCP relay (floor)", relay.port),
         ("proxy (observed)", observed.port),
     ];
-    let calls = s.py_calls.to_string();
+    for client in SdkClient::ALL {
+        println!(
+            "\nOfficial MCP {} client → server-everything (Streamable HTTP): {} sequential tools/call per run, median of {} runs\n",
+            client.name(),
+            s.sdk_calls,
+            s.sdk_rounds
+        );
+        if let Some(why) = client.missing() {
+            println!(
+                "{} table left out: {why}; run scripts/test-deps.sh.",
+                client.name()
+            );
+            continue;
+        }
+        if let Some(med) = sdk_client_table(s, client, &targets) {
+            out.insert(
+                client.key().into(),
+                json!({
+                    "calls": s.sdk_calls,
+                    "runs": s.sdk_rounds,
+                    "direct_s": med[0],
+                    "relay_s": med[1],
+                    "proxy_observed_s": med[2],
+                }),
+            );
+        }
+    }
+    out.into()
+}
+
+/// One client's table over `targets` (direct, relay, proxy); the medians, or None when a run
+/// failed (said on stdout).
+fn sdk_client_table(
+    s: &Settings,
+    client: SdkClient,
+    targets: &[(&str, u16); 3],
+) -> Option<Vec<f64>> {
     let mut secs: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
-    for round in 0..s.py_rounds {
+    for round in 0..s.sdk_rounds {
         for k in 0..targets.len() {
             let t = (k + round) % targets.len();
             let url = format!("http://127.0.0.1:{}/mcp", targets[t].1);
-            match interop_support::run_python_client(&["bench", &url, &calls], PY_RUN_TIMEOUT) {
-                Ok(v) => secs[t].push(v["seconds"].as_f64().unwrap_or(f64::NAN)),
+            match client.run(&url, s.sdk_calls) {
+                Ok(v) => secs[t].push(v),
                 Err(e) => {
                     println!(
-                        "Python SDK table left out: {} run failed: {e}",
+                        "{} table left out: {} run failed: {e}",
+                        client.name(),
                         targets[t].0
                     );
                     return None;
@@ -923,23 +1055,17 @@ fn python_sdk_table(s: &Settings) -> Option<serde_json::Value> {
         .collect();
     println!(
         "| target | {} calls s | ms / call | × direct | × relay |",
-        s.py_calls
+        s.sdk_calls
     );
     println!("|---|---|---|---|---|");
     for ((name, _), m) in targets.iter().zip(&med) {
         println!(
             "| {name} | {m:.2} | {:.2} | {:.2}× | {:.2}× |",
-            m * 1000.0 / s.py_calls as f64,
+            m * 1000.0 / s.sdk_calls as f64,
             m / med[0],
             m / med[1],
         );
     }
     println!("\nTarget: proxy ≤ 1.10× direct.");
-    Some(json!({
-        "calls": s.py_calls,
-        "runs": s.py_rounds,
-        "direct_s": med[0],
-        "relay_s": med[1],
-        "proxy_observed_s": med[2],
-    }))
+    Some(med)
 }

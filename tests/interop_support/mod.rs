@@ -196,10 +196,16 @@ pub fn run_python_client(args: &[&str], timeout: Duration) -> Result<Value, Stri
 /// prints; the client is killed if it has not finished within `timeout`.
 pub fn run_typescript_stdio_client(args: &[&str], timeout: Duration) -> Result<Value, String> {
     require_node_packages();
+    let mut argv = vec!["stdio_client.mjs", "transcript"];
+    argv.extend_from_slice(args);
+    run_node_driver(&argv, timeout)
+}
+
+/// Runs `node <script> <args...>` in tests/node and returns the one JSON line it prints; the
+/// driver is killed if it has not finished within `timeout`.
+pub fn run_node_driver(script_and_args: &[&str], timeout: Duration) -> Result<Value, String> {
     let mut cmd = Command::new("node");
-    cmd.current_dir(node_dir())
-        .args(["stdio_client.mjs", "transcript"])
-        .args(args);
+    cmd.current_dir(node_dir()).args(script_and_args);
     run_client(cmd, "the TypeScript SDK client", timeout)
 }
 

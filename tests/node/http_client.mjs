@@ -8,6 +8,9 @@
 //     Runs a fixed conversation with the SDK's Streamable HTTP client and prints one JSON line:
 //     what the client saw (results, errors, progress), the HTTP trace (method, JSON-RPC method,
 //     status, content type, whether a session id came back) and the session id it was given.
+//   node http_client.mjs bench <url> <calls>
+//     For bench/http.rs: connects, makes one untimed call, then <calls> sequential
+//     `tools/call` of echo, and prints one JSON line with the seconds those calls took.
 
 import net from "node:net";
 
@@ -93,7 +96,32 @@ if (mode === "serve-everything") {
   out.trace = [...trace].sort().map((s) => JSON.parse(s));
   process.stdout.write(JSON.stringify(out) + "\n");
   process.exit(0);
+} else if (mode === "bench") {
+  const calls = Number(process.argv[4]);
+  const { Client } = await import("@modelcontextprotocol/sdk/client/index.js");
+  const { StreamableHTTPClientTransport } = await import(
+    "@modelcontextprotocol/sdk/client/streamableHttp.js"
+  );
+  const transport = new StreamableHTTPClientTransport(new URL(url));
+  const client = new Client({ name: "interop-client", version: "1.0.0" });
+  await client.connect(transport);
+  const echo = (message) => client.callTool({ name: "echo", arguments: { message } });
+  // One call before the clock starts, so connection set-up is not timed.
+  await echo("warm-up");
+  const t = performance.now();
+  for (let i = 0; i < calls; i++) {
+    const r = await echo(`call ${i}`);
+    if (r.isError) {
+      console.error(`echo call ${i} failed: ${JSON.stringify(r)}`);
+      process.exit(1);
+    }
+  }
+  const seconds = (performance.now() - t) / 1e3;
+  await transport.terminateSession();
+  await client.close();
+  process.stdout.write(JSON.stringify({ calls, seconds }) + "\n");
+  process.exit(0);
 } else {
-  console.error("usage: http_client.mjs serve-everything | client <url>");
+  console.error("usage: http_client.mjs serve-everything | client <url> | bench <url> <calls>");
   process.exit(2);
 }
