@@ -8,7 +8,7 @@
 
 mod interop_support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,19 +64,6 @@ fn wrapper_command(server: &[&std::ffi::OsStr], ingest: &Path) -> tokio::process
         .arg("--")
         .args(server);
     cmd
-}
-
-fn echo_server() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
-        .parent()
-        .expect("target dir")
-        .join("examples/rmcp_echo_server");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo test` (which builds examples) or `cargo build --examples` first",
-        path.display()
-    );
-    path
 }
 
 async fn connect(
@@ -159,7 +146,7 @@ async fn eventually(what: &str, f: impl Fn() -> bool) {
 /// One full session; `lifecycle` picks the era, `era` is the version that must be negotiated.
 async fn rmcp_session(lifecycle: ClientLifecycleMode, era: ProtocolVersion) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = echo_server();
+    let server = interop_support::rmcp_echo_server();
     let recorder = Recorder::default();
     let logs = recorder.logs.clone();
     let progress = recorder.progress.clone();

@@ -16,8 +16,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use interop_support::{
-    require_node_packages, require_python_sdk, run_python_client, run_typescript_stdio_client,
-    stamped_text,
+    require_node_packages, require_python_sdk, rmcp_echo_server, run_python_client,
+    run_typescript_stdio_client, stamped_text,
 };
 use serde_json::{json, Value};
 
@@ -39,19 +39,6 @@ fn echo_text() -> String {
         "héllo \"quoted\" {} {} {}",
         CANARIES[0], CANARIES[1], CANARIES[2]
     )
-}
-
-fn echo_server() -> String {
-    let path = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
-        .parent()
-        .expect("target dir")
-        .join("examples/rmcp_echo_server");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo test` (which builds examples) or `cargo build --examples` first",
-        path.display()
-    );
-    path.display().to_string()
 }
 
 /// What the scripted session must show the client, whichever way it went.
@@ -105,7 +92,7 @@ fn events(path: &Path, want: usize) -> Vec<Value> {
 
 /// Runs the session direct and wrapped with `run`, and checks both and the events.
 fn check(client: &str, run: impl Fn(&[&str]) -> Result<Value, String>) {
-    let server = echo_server();
+    let server = rmcp_echo_server().display().to_string();
     let text = echo_text();
     let want = expected();
 

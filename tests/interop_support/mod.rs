@@ -250,8 +250,23 @@ fn run_client(mut cmd: Command, what: &str, timeout: Duration) -> Result<Value, 
     })
 }
 
+/// examples/rmcp_echo_server.rs, built next to the wrapper. Fails (never skips) when it is missing.
+pub fn rmcp_echo_server() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
+        .parent()
+        .expect("target dir")
+        .join("examples/rmcp_echo_server");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo test` (which builds examples) or `cargo build --examples` first",
+        path.display()
+    );
+    path
+}
+
 /// The text examples/rmcp_echo_server.rs's `big` tool answers with: every 10 bytes say where
-/// they stand, so a chunk lost, repeated or moved shows.
+/// they stand, so a chunk lost, repeated or moved shows. Written here again rather than shared,
+/// so that what the tests expect does not come from the code they check.
 pub fn stamped_text(bytes: usize) -> String {
     let mut text = String::with_capacity(bytes + 10);
     let mut at = 0;
