@@ -3,7 +3,7 @@
 //! official MCP Python SDK client (tests/python/mcp_client.py in tests/python/.venv) and the
 //! official TypeScript SDK's stdio client (tests/node/stdio_client.mjs).
 //!
-//! Both are pinned and installed by scripts/test-deps.sh. Tests call the `require_*` functions,
+//! All are pinned and installed by scripts/test-deps.sh. Tests call the `require_*` functions,
 //! which fail (never skip) with what to run; the benchmark asks the `*_installed` functions and
 //! says what it left out.
 

@@ -1,7 +1,8 @@
 """Interop driver built on the official MCP Python SDK (PyPI `mcp`, pinned in requirements.txt).
 
 Used by tests/python_interop.rs and bench/http.rs, against an MCP server's Streamable HTTP
-endpoint, directly or through the proxy, and by bench/stdio.rs over stdio:
+endpoint, directly or through the proxy, and by bench/stdio.rs and tests/stdio_sdk_clients.rs
+over stdio:
 
   python mcp_client.py transcript <url>
     Runs a fixed session (connect, list tools, call echo, get-sum, a tool that streams progress
