@@ -10,9 +10,9 @@
 //! for `direct`) once its calls are done, and waits for our go before closing the session. We
 //! read that process's VmHWM, send the go, and poll /proc/<pid>/status until the process is
 //! gone or a zombie with no thread left, noting CLOCK_MONOTONIC when we see it; the client notes
-//! the same clock when the SDK has closed (Python, Rust) or shut down (Node) the server's stdin. The
-//! SDKs themselves only poll or wait for the exit coarsely (Python every 10 ms), so their own
-//! timing could not tell 1 ms from 9.
+//! the same clock when the SDK has closed (Python, Rust) or shut down (Node) the server's stdin.
+//! The SDKs themselves only poll or wait for the exit coarsely (Python every 10 ms), so their
+//! own timing could not tell 1 ms from 9.
 
 use std::ffi::OsString;
 use std::fs::File;
