@@ -45,7 +45,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use interop_support::{
-    require_node_packages, require_python_sdk, run_python_client, start_everything, start_proxy,
+    file_sink_events, require_node_packages, require_python_sdk, run_python_client,
+    start_everything, start_proxy,
 };
 use serde_json::Value;
 
@@ -113,14 +114,10 @@ fn outline(t: &Value) -> Vec<String> {
 
 /// The events in the file sink (one batch per line), grouped by session.
 fn events_by_session(path: &Path) -> BTreeMap<String, Vec<Value>> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
     let mut sessions: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let batch: Value = serde_json::from_str(line).expect("a batch per line");
-        for e in batch["events"].as_array().expect("events") {
-            let sid = e["session"]["id"].as_str().unwrap_or("").to_string();
-            sessions.entry(sid).or_default().push(e.clone());
-        }
+    for e in file_sink_events(path) {
+        let sid = e["session"]["id"].as_str().unwrap_or("").to_string();
+        sessions.entry(sid).or_default().push(e);
     }
     sessions
 }

@@ -16,8 +16,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use interop_support::{
-    require_node_packages, require_python_sdk, rmcp_echo_server, run_python_client,
-    run_typescript_stdio_client, stamped_text,
+    file_sink_events, require_node_packages, require_python_sdk, rmcp_echo_server,
+    run_python_client, run_typescript_stdio_client, stamped_text,
 };
 use serde_json::{json, Value};
 
@@ -74,15 +74,7 @@ fn normalized(mut transcript: Value) -> Value {
 fn events(path: &Path, want: usize) -> Vec<Value> {
     let deadline = Instant::now() + EVENTS_TIMEOUT;
     loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let events: Vec<Value> = text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .flat_map(|l| {
-                let batch: Value = serde_json::from_str(l).expect("a batch per line");
-                batch["events"].as_array().expect("events").clone()
-            })
-            .collect();
+        let events = file_sink_events(path);
         if events.len() >= want || Instant::now() > deadline {
             return events;
         }

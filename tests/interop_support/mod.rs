@@ -250,6 +250,19 @@ fn run_client(mut cmd: Command, what: &str, timeout: Duration) -> Result<Value, 
     })
 }
 
+/// Every event in a `file:` sink so far, in order (one batch per line; none before the file
+/// exists).
+pub fn file_sink_events(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .flat_map(|l| {
+            let batch: Value = serde_json::from_str(l).expect("a batch per line");
+            batch["events"].as_array().expect("events").clone()
+        })
+        .collect()
+}
+
 /// examples/rmcp_echo_server.rs, built next to the wrapper. Fails (never skips) when it is missing.
 pub fn rmcp_echo_server() -> PathBuf {
     let path = Path::new(env!("CARGO_BIN_EXE_bounded-observe-mcp"))
