@@ -52,6 +52,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use interop_support::SdkClient;
 use serde_json::json;
 
 const WRAPPER: &str = env!("CARGO_BIN_EXE_bounded-observe-mcp");
@@ -871,25 +872,8 @@ fn slow_readers_table(upstream: SocketAddr, s: &Settings) -> serde_json::Value {
 /// waited on.
 const SDK_RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// An official SDK client the last tables drive.
-#[derive(Clone, Copy)]
-enum SdkClient {
-    Python,
-    TypeScript,
-    Rust,
-}
-
+/// How the last tables drive each official SDK client.
 impl SdkClient {
-    const ALL: [SdkClient; 3] = [SdkClient::Python, SdkClient::TypeScript, SdkClient::Rust];
-
-    fn name(self) -> &'static str {
-        match self {
-            SdkClient::Python => "Python SDK",
-            SdkClient::TypeScript => "TypeScript SDK",
-            SdkClient::Rust => "Rust SDK (rmcp)",
-        }
-    }
-
     fn key(self) -> &'static str {
         match self {
             SdkClient::Python => "python",

@@ -37,25 +37,10 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_micros(250);
 
 /// The official SDK client that drives a typical session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Client {
-    Python,
-    TypeScript,
-    Rust,
-}
+pub use crate::interop_support::SdkClient as Client;
 
 impl Client {
-    pub const ALL: [Client; 3] = [Client::Python, Client::TypeScript, Client::Rust];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Client::Python => "Python SDK",
-            Client::TypeScript => "TypeScript SDK",
-            Client::Rust => "Rust SDK (rmcp)",
-        }
-    }
-
-    /// The driver, up to its mode's arguments.
+    /// The driver of a typical session, up to its mode's arguments.
     fn command(self) -> Command {
         match self {
             Client::Python => {

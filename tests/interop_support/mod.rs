@@ -250,6 +250,27 @@ fn run_client(mut cmd: Command, what: &str, timeout: Duration) -> Result<Value, 
     })
 }
 
+/// An official MCP SDK client, as the benchmarks name it in their tables; each benchmark knows
+/// how to drive it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SdkClient {
+    Python,
+    TypeScript,
+    Rust,
+}
+
+impl SdkClient {
+    pub const ALL: [SdkClient; 3] = [SdkClient::Python, SdkClient::TypeScript, SdkClient::Rust];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SdkClient::Python => "Python SDK",
+            SdkClient::TypeScript => "TypeScript SDK",
+            SdkClient::Rust => "Rust SDK (rmcp)",
+        }
+    }
+}
+
 /// Every event in a `file:` sink so far, in order (one batch per line; none before the file
 /// exists).
 pub fn file_sink_events(path: &Path) -> Vec<Value> {
