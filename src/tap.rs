@@ -103,6 +103,8 @@ pub struct TapStats {
     pub offered_bytes: [AtomicU64; 2],
     pub dropped_chunks: [AtomicU64; 2],
     pub dropped_bytes: [AtomicU64; 2],
+    /// Newlines in the dropped bytes: each ends a message the observer never reads whole.
+    pub dropped_newlines: [AtomicU64; 2],
     /// Middles of large frames not passed on (see [`Trim`]).
     pub skipped_bytes: [AtomicU64; 2],
 }
@@ -473,7 +475,7 @@ impl TapSender {
         let wake = {
             let mut q = lock(&shared.state);
             if q.chunks >= shared.max_chunks || q.bytes + charge > shared.max_bytes {
-                None
+                Err(bytes)
             } else {
                 q.msgs.push_back(TapMsg::Chunk(TapChunk {
                     dir,
@@ -485,20 +487,25 @@ impl TapSender {
                 q.bytes += charge;
                 q.chunks += 1;
                 q.first_seen[i].get_or_insert(seen);
-                Some(std::mem::take(&mut q.waiting))
+                Ok(std::mem::take(&mut q.waiting))
             }
         };
         match wake {
-            Some(wake) => {
+            Ok(wake) => {
                 *gap = false;
                 if wake {
                     shared.wake.notify_one();
                 }
             }
-            None => {
+            Err(bytes) => {
                 *gap = true;
                 stats.dropped_chunks[i].fetch_add(1, Ordering::Relaxed);
                 stats.dropped_bytes[i].fetch_add(len as u64, Ordering::Relaxed);
+                // Only when the observer is already a budget behind: a vectorised count over
+                // bytes the relay has just written, so that the calls lost with them are counted
+                // as calls, not only as bytes.
+                let newlines = memchr::memchr_iter(b'\n', &bytes).count() as u64;
+                stats.dropped_newlines[i].fetch_add(newlines, Ordering::Relaxed);
             }
         }
     }
@@ -562,6 +569,11 @@ impl TapReceiver {
     pub fn dropped_bytes(&self) -> u64 {
         let dropped = &self.shared.stats.dropped_bytes;
         dropped[0].load(Ordering::Relaxed) + dropped[1].load(Ordering::Relaxed)
+    }
+
+    /// Messages of `dir` the tap dropped the end of so far (newlines in its dropped bytes).
+    pub fn dropped_messages(&self, dir: Direction) -> u64 {
+        self.shared.stats.dropped_newlines[dir.index()].load(Ordering::Relaxed)
     }
 
     /// Moves everything queued into `out` (which should be empty; its allocation is reused).
@@ -647,9 +659,11 @@ mod tests {
         let (mut c2s, _s2c, mut rx, stats) = tap(1);
         let now = Instant::now();
         c2s.offer(now, Bytes::from_static(b"a"));
-        c2s.offer(now, Bytes::from_static(b"bb"));
+        c2s.offer(now, Bytes::from_static(b"b\nb\n\n"));
         assert_eq!(stats.dropped_chunks[0].load(Ordering::Relaxed), 1);
-        assert_eq!(stats.dropped_bytes[0].load(Ordering::Relaxed), 2);
+        assert_eq!(stats.dropped_bytes[0].load(Ordering::Relaxed), 5);
+        assert_eq!(rx.dropped_messages(Direction::ClientToServer), 3);
+        assert_eq!(rx.dropped_messages(Direction::ServerToClient), 0);
         let Some(TapMsg::Chunk(first)) = rx.try_recv() else {
             panic!("first chunk must arrive")
         };

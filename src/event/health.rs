@@ -26,7 +26,8 @@ pub struct Health {
     /// Responses whose request was never seen (unknown or repeated id).
     #[serde(rename = "orphanResponses")]
     pub orphan_responses: u64,
-    /// Calls that made no event because their answer could not be observed.
+    /// Calls that made no event because they could not be observed: their answer, or their
+    /// request, was lost to the observer (stdio counts every client message it lost as a call).
     pub unobserved: u64,
     /// Bytes the relay could not hand to the observer (it fell behind).
     #[serde(rename = "tapDroppedBytes")]

@@ -388,6 +388,10 @@ pub struct FrameSplitter {
     msg: MessageBuf,
     /// Skipping the damaged remainder of a frame after a gap, up to the next newline.
     resync: bool,
+    /// Bytes were skipped since the current resync began.
+    resync_skipped: bool,
+    /// Messages thrown away while resynchronising (see [`Self::take_discarded`]).
+    discarded: u64,
 }
 
 impl Default for FrameSplitter {
@@ -418,6 +422,8 @@ impl FrameSplitter {
         FrameSplitter {
             msg: MessageBuf::new(cap, limits),
             resync: false,
+            resync_skipped: false,
+            discarded: 0,
         }
     }
 
@@ -451,6 +457,7 @@ impl FrameSplitter {
         if after_gap {
             self.msg.discard();
             self.resync = true;
+            self.resync_skipped = false;
         }
         if !self.resync {
             self.msg.skip(skipped);
@@ -469,6 +476,9 @@ impl FrameSplitter {
             if self.resync {
                 if complete {
                     self.resync = false;
+                    self.discarded += 1;
+                } else {
+                    self.resync_skipped = true;
                 }
                 continue;
             }
@@ -483,10 +493,21 @@ impl FrameSplitter {
     /// The direction closed: a last frame without a newline is complete now.
     pub fn flush(&mut self, mut out: impl FnMut(Split<'_>)) {
         if std::mem::take(&mut self.resync) {
+            if std::mem::take(&mut self.resync_skipped) {
+                self.discarded += 1;
+            }
             self.msg.discard();
             return;
         }
         self.msg.flush(true, &mut out);
+    }
+
+    /// Messages whose end a resynchronisation skipped since the last call: after a gap the bytes
+    /// up to the next newline are thrown away, and they end a message that the tap's count of
+    /// newlines in dropped bytes does not (its newline came after them). With that count, every
+    /// message lost to a gap is counted once.
+    pub fn take_discarded(&mut self) -> u64 {
+        std::mem::take(&mut self.discarded)
     }
 
     /// Bytes currently held: for the tests and the fuzz target that check the memory bound.
@@ -812,6 +833,20 @@ mod tests {
         // The chunk carrying the end of "first" and the start of "second" was dropped.
         let got = run(&mut s, b"nd\":2}\n{\"third\":3}\n", true);
         assert_eq!(got, vec![Ok(b"{\"third\":3}".to_vec())]);
+        assert_eq!(
+            s.take_discarded(),
+            1,
+            "the second is lost, its newline was not dropped"
+        );
+        assert_eq!(s.take_discarded(), 0);
+        // A gap, then the session ends inside the message it damaged: lost too.
+        assert!(run(&mut s, b"{\"fourth\":", true).is_empty());
+        s.flush(|_| panic!("a damaged message is never handed on"));
+        assert_eq!(s.take_discarded(), 1);
+        // A gap with nothing after it before the end: nothing more is lost.
+        assert!(run(&mut s, b"", true).is_empty());
+        s.flush(|_| panic!("nothing to hand on"));
+        assert_eq!(s.take_discarded(), 0);
     }
 
     #[test]

@@ -162,6 +162,57 @@ enum HeldFrame {
     Oversize(u64),
 }
 
+/// Client messages the observer never read, counted as unobserved calls: those the tap dropped
+/// the end of, those the splitter threw away resynchronising after a drop, and, past the
+/// cut-off, those still unread. A message lost this way cannot be read, so its method is
+/// unknown; in a burst that overruns the tap nearly every client message is a `tools/call`, and
+/// counting each as one keeps the loss visible as calls where it was visible only as bytes
+/// (`tapDroppedBytes`). A lost answer is counted through its call instead
+/// ([`Observer::on_gap`]).
+#[derive(Default)]
+struct LostRequests {
+    /// The tap's count of dropped client messages already added.
+    dropped: u64,
+}
+
+impl LostRequests {
+    fn count<S: EventSink>(
+        &mut self,
+        rx: &TapReceiver,
+        splitter: &mut FrameSplitter,
+        obs: &mut Observer<S>,
+    ) {
+        let dropped = rx.dropped_messages(Direction::ClientToServer);
+        let new = dropped.saturating_sub(self.dropped) + splitter.take_discarded();
+        self.dropped = dropped;
+        obs.stats.unobserved += new;
+    }
+
+    /// Past the cut-off: the client messages still in the tap, in the drained batch, held for
+    /// reordering or begun in the splitter will never be read.
+    fn count_unread<S: EventSink>(
+        &mut self,
+        rx: &mut TapReceiver,
+        batch: &mut VecDeque<TapMsg>,
+        splitter: &FrameSplitter,
+        reorder: &Reorder,
+        obs: &mut Observer<S>,
+    ) {
+        rx.drain(batch);
+        let mut unread = reorder.queues[Direction::ClientToServer.index()].len() as u64;
+        let mut open = !splitter.is_empty();
+        for msg in batch.drain(..) {
+            if let TapMsg::Chunk(c) = msg {
+                if c.dir == Direction::ClientToServer && !c.bytes.is_empty() {
+                    unread += memchr::memchr_iter(b'\n', &c.bytes).count() as u64;
+                    open = !c.bytes.ends_with(b"\n");
+                }
+            }
+        }
+        obs.stats.unobserved += unread + u64::from(open);
+    }
+}
+
 /// Two per-direction queues merged by relay timestamp (see [`REORDER_HOLD`]).
 #[derive(Default)]
 struct Reorder {
@@ -468,6 +519,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
     let mut reorder = Reorder::default();
     let mut batch: VecDeque<TapMsg> = VecDeque::new();
     let mut unsplit = Unsplit::default();
+    let mut lost = LostRequests::default();
     let mut next_tick = Instant::now() + TICK;
     let mut closing = false;
     // Whether this look follows a linger (see SPARSE_LOOK).
@@ -544,6 +596,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
         let now = Instant::now();
         if now >= next_tick {
             observer.on_tick(now);
+            lost.count(&rx, &mut splitters[0], &mut observer);
             observer.sync_health(rx.dropped_bytes());
             next_tick = now + TICK;
         }
@@ -591,11 +644,15 @@ pub async fn run_tap_observer_with<S: EventSink>(
         )
         .await;
     }
+    if cut {
+        lost.count_unread(&mut rx, &mut batch, &splitters[0], &reorder, &mut observer);
+    }
     if cut || !reorder.is_empty() {
         // Past the cut-off: whatever answers are still unread, a call that may be waiting for
         // one of them is unobserved rather than a 504 or 502 the client never saw.
         observer.on_gap(Direction::ServerToClient, Instant::now());
     }
+    lost.count(&rx, &mut splitters[0], &mut observer);
     observer.sync_health(rx.dropped_bytes());
     observer
 }

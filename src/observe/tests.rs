@@ -753,6 +753,13 @@ async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
         }))
         .expect("observer listening");
     s2c.offer(t0 + Duration::from_millis(3), line(ok(json!(2))));
+    // Two more calls the client sent are never read either: counted, not lost.
+    let more = format!(
+        "{}\n{}",
+        call(json!(3), "c", json!({})),
+        call(json!(4), "d", json!({}))
+    );
+    c2s.offer(t0 + Duration::from_millis(3), Bytes::from(more));
     c2s.close(t0 + Duration::from_millis(4));
     s2c.close(t0 + Duration::from_millis(4));
     let obs = task.await.expect("task");
@@ -763,7 +770,10 @@ async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
         (events[0].rec.action.as_str(), events[0].status),
         ("a", 200)
     );
-    assert_eq!(stats.unobserved, 1);
+    assert_eq!(
+        stats.unobserved, 3,
+        "call 2, open at the cut-off, and the unread 3 and 4"
+    );
 }
 
 #[tokio::test]
@@ -1090,6 +1100,47 @@ async fn call_whose_answer_may_be_in_a_tap_drop_makes_no_false_504() {
     assert_eq!(by_tool, vec![("a", 200), ("c", 504)]);
     assert_eq!(stats.unobserved, 1, "call b is counted, not reported");
     assert!(stats.gaps >= 1);
+}
+
+#[tokio::test]
+async fn requests_lost_to_a_tap_drop_are_counted_as_unobserved_calls() {
+    use bytes::Bytes;
+    let req = |i: u64| format!("{}\n", call(json!(i), "t", json!({})));
+    // Calls 1 and 2 get through; the next chunk, with calls 3 to 5 and the start of call 6,
+    // is too large for what is left of the budget and is dropped; the rest of call 6 and call 7
+    // get through after the gap.
+    let first = req(1) + &req(2);
+    let six = req(6);
+    let (head, tail) = six.split_at(10);
+    let dropped = req(3) + &req(4) + &req(5) + &" ".repeat(4_000) + head;
+    let after = tail.to_string() + &req(7);
+    let answers: String = (1..=7).map(|i| format!("{}\n", ok(json!(i)))).collect();
+    let budget = first.len() + after.len() + answers.len() + 3 * crate::tap::CHUNK_OVERHEAD;
+    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap_with_budget(64, budget);
+    let t0 = Instant::now();
+    c2s.offer(t0, Bytes::from(first));
+    c2s.offer(t0, Bytes::from(dropped));
+    c2s.offer(t0, Bytes::from(after));
+    s2c.offer(t0 + Duration::from_millis(1), Bytes::from(answers));
+    assert_eq!(
+        stats.dropped_chunks[0].load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    c2s.close(t0 + Duration::from_millis(2));
+    s2c.close(t0 + Duration::from_millis(2));
+    let obs = run_tap_observer(rx, Observer::new(cfg(), Vec::new()), no_pacing()).await;
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    let ids: Vec<(u16, bool)> = events.iter().map(|e| (e.status, e.err.is_none())).collect();
+    assert_eq!(ids, vec![(200, true); 3], "calls 1, 2 and 7");
+    // 3, 4 and 5 ended in the dropped bytes, 6 was thrown away resynchronising: each counted
+    // once, so every call made is an event or unobserved.
+    assert_eq!(stats.unobserved, 4);
+    assert_eq!(stats.events + stats.unobserved, 7);
+    assert_eq!(stats.orphan_responses, 4, "their answers came");
 }
 
 #[tokio::test]
