@@ -181,4 +181,25 @@ fn exit_is_bounded_by_the_shutdown_flush_under_busy_loops_on_every_cpu() {
         "delivered counts only what reached the sink: {totals} ({} in the file)",
         ids.len()
     );
+    // And every call is an event or counted as unobserved, whatever the observer reached by its
+    // cut-off: the calls whose answers it did not read, and those whose requests it never did.
+    // (When the observer's thread has not ended by the deadline its totals are unknown, and
+    // the wrapper says so instead.)
+    let finished = |l: &&str| l.contains("Observer totals") && !l.contains("totals unknown");
+    if let Some(observer) = stderr.lines().find(finished) {
+        let field = |key: &str| -> usize {
+            observer
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{key}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {key}= in {observer}"))
+        };
+        assert_eq!(
+            field("events") + field("unobserved"),
+            CALLS,
+            "a call neither an event nor counted: {observer}"
+        );
+    } else {
+        assert!(stderr.contains("Observer totals unknown"), "{stderr}");
+    }
 }
