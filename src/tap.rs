@@ -74,9 +74,12 @@ pub struct TapChunk {
 pub enum TapMsg {
     Chunk(TapChunk),
     /// The direction reached EOF (lets the splitter flush a last line with no newline).
+    /// `after_gap`: chunks were dropped since the last one queued, so what the splitter holds
+    /// is damaged, and answers may have been lost, as after a gap in [`TapChunk::after_gap`].
     Closed {
         dir: Direction,
         seen: Instant,
+        after_gap: bool,
     },
 }
 
@@ -520,6 +523,7 @@ impl TapSender {
         lock(&self.shared.state).msgs.push_back(TapMsg::Closed {
             dir: self.dir,
             seen,
+            after_gap: self.gap,
         });
         self.settle();
         // Drop wakes the observer.
@@ -674,6 +678,20 @@ mod tests {
         };
         assert!(third.after_gap, "chunk after a drop is marked");
         assert_eq!(&third.bytes[..], b"c");
+        // A drop right before the end marks the end.
+        c2s.offer(now, Bytes::from_static(b"d"));
+        c2s.offer(now, Bytes::from_static(b"ee"));
+        let Some(TapMsg::Chunk(_)) = rx.try_recv() else {
+            panic!("fourth chunk must arrive")
+        };
+        c2s.close(now);
+        assert!(matches!(
+            rx.try_recv(),
+            Some(TapMsg::Closed {
+                after_gap: true,
+                ..
+            })
+        ));
     }
 
     #[test]

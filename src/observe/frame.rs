@@ -904,6 +904,54 @@ mod tests {
                 frames.iter().map(|f| Ok(f.as_bytes().to_vec())).collect();
             prop_assert_eq!(got, want);
         }
+
+        /// Chunks lost as the tap loses them (a drop marks the next chunk, or the end, as after
+        /// a gap): every frame handed on is one that was sent, whole, and every frame sent is
+        /// handed on or counted lost once, by the newlines in the dropped chunks or by the
+        /// splitter's resynchronisation.
+        #[test]
+        fn every_frame_is_handed_on_whole_or_counted_lost(
+            n in 0usize..30,
+            cuts in prop::collection::vec(0usize..4000, 0..16),
+            dropped in prop::collection::vec(any::<bool>(), 17),
+        ) {
+            let frames: Vec<Vec<u8>> =
+                (0..n).map(|i| format!("{{\"n\":{i},\"pad\":\"{}\"}}", "x".repeat(i % 7)).into_bytes()).collect();
+            let mut stream = Vec::new();
+            for f in &frames {
+                stream.extend_from_slice(f);
+                stream.push(b'\n');
+            }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (stream.len() + 1)).collect();
+            cuts.push(stream.len());
+            cuts.sort_unstable();
+            let mut s = FrameSplitter::new(1024);
+            let (mut handed, mut lost_newlines, mut gap, mut prev) = (Vec::new(), 0usize, false, 0);
+            for (k, c) in cuts.into_iter().enumerate() {
+                let chunk = &stream[prev..c];
+                prev = c;
+                if chunk.is_empty() {
+                    continue;
+                }
+                if dropped[k] {
+                    lost_newlines += chunk.iter().filter(|&&b| b == b'\n').count();
+                    gap = true;
+                } else {
+                    handed.extend(run(&mut s, chunk, std::mem::take(&mut gap)));
+                }
+            }
+            if gap {
+                handed.extend(run(&mut s, b"", true));
+            }
+            s.flush(|f| match f {
+                Split::Frame(b) => handed.push(Ok(b.to_vec())),
+                _ => handed.push(Err(0)),
+            });
+            for f in &handed {
+                prop_assert!(matches!(f, Ok(b) if frames.contains(b)), "a damaged frame: {:?}", f);
+            }
+            prop_assert_eq!(handed.len() + lost_newlines + s.take_discarded() as usize, n);
+        }
     }
 
     #[test]

@@ -580,9 +580,19 @@ pub async fn run_tap_observer_with<S: EventSink>(
                         tokio::task::yield_now().await;
                     }
                 }
-                TapMsg::Closed { dir, seen } => {
+                TapMsg::Closed {
+                    dir,
+                    seen,
+                    after_gap,
+                } => {
                     let at = last_seen[dir.index()].unwrap_or(seen);
                     let other = ahead_of(&rx, &unsplit, opposite(dir));
+                    if after_gap {
+                        // The end came after a drop: what the splitter holds is damaged, never
+                        // a message, and the calls open may have had their answers dropped.
+                        observer.on_gap(dir, seen);
+                        splitters[dir.index()].push(&[], true, 0, |_| {});
+                    }
                     splitters[dir.index()].flush(|s| {
                         reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, other)
                     });

@@ -1144,6 +1144,41 @@ async fn requests_lost_to_a_tap_drop_are_counted_as_unobserved_calls() {
 }
 
 #[tokio::test]
+async fn a_drop_right_before_the_end_hands_on_no_damaged_message_and_no_false_status() {
+    use bytes::Bytes;
+    let line = |v: Value| format!("{v}\n");
+    let reqs = line(call(json!(1), "a", json!({}))) + &line(call(json!(2), "b", json!({})));
+    // The answers' chunk ends inside call 2's answer; the rest of it is dropped, and then the
+    // server's stdout ends.
+    let two = line(ok(json!(2)));
+    let (head, tail) = two.split_at(12);
+    let answers = line(ok(json!(1))) + head;
+    let budget = reqs.len() + answers.len() + 2 * crate::tap::CHUNK_OVERHEAD;
+    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap_with_budget(64, budget);
+    let t0 = Instant::now();
+    c2s.offer(t0, Bytes::from(reqs));
+    s2c.offer(t0 + Duration::from_millis(1), Bytes::from(answers));
+    s2c.offer(t0 + Duration::from_millis(1), Bytes::from(tail.to_string()));
+    assert_eq!(
+        stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    c2s.close(t0 + Duration::from_millis(2));
+    s2c.close(t0 + Duration::from_millis(2));
+    let obs = run_tap_observer(rx, Observer::new(cfg(), Vec::new()), no_pacing()).await;
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    let by_tool: Vec<(&str, u16)> = events
+        .iter()
+        .map(|e| (e.rec.action.as_str(), e.status))
+        .collect();
+    // Not a 504 for call 2: its answer may have been in the dropped bytes.
+    assert_eq!(by_tool, vec![("a", 200)]);
+    assert_eq!(stats.unobserved, 1);
+    // The head of call 2's answer is not a message of its own.
+    assert_eq!((stats.non_json, stats.malformed), (0, 0));
+}
+
+#[tokio::test]
 async fn a_paced_observer_rests_while_traffic_flows_and_loses_nothing() {
     use bytes::Bytes;
     const CALLS: u64 = 20_000;
