@@ -106,8 +106,10 @@ pub struct TapStats {
     pub offered_bytes: [AtomicU64; 2],
     pub dropped_chunks: [AtomicU64; 2],
     pub dropped_bytes: [AtomicU64; 2],
-    /// Newlines in the dropped bytes: each ends a message the observer never reads whole.
-    pub dropped_newlines: [AtomicU64; 2],
+    /// Newlines in the dropped client→server bytes: each ends a client message the observer
+    /// never reads whole. (A lost answer is accounted through its call, so the other direction
+    /// is not counted.)
+    pub dropped_client_messages: AtomicU64,
     /// Middles of large frames not passed on (see [`Trim`]).
     pub skipped_bytes: [AtomicU64; 2],
 }
@@ -507,8 +509,12 @@ impl TapSender {
                 // Only when the observer is already a budget behind: a vectorised count over
                 // bytes the relay has just written, so that the calls lost with them are counted
                 // as calls, not only as bytes.
-                let newlines = memchr::memchr_iter(b'\n', &bytes).count() as u64;
-                stats.dropped_newlines[i].fetch_add(newlines, Ordering::Relaxed);
+                if dir == Direction::ClientToServer {
+                    let newlines = memchr::memchr_iter(b'\n', &bytes).count() as u64;
+                    stats
+                        .dropped_client_messages
+                        .fetch_add(newlines, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -575,9 +581,12 @@ impl TapReceiver {
         dropped[0].load(Ordering::Relaxed) + dropped[1].load(Ordering::Relaxed)
     }
 
-    /// Messages of `dir` the tap dropped the end of so far (newlines in its dropped bytes).
-    pub fn dropped_messages(&self, dir: Direction) -> u64 {
-        self.shared.stats.dropped_newlines[dir.index()].load(Ordering::Relaxed)
+    /// Client messages the tap dropped the end of so far (newlines in its dropped bytes).
+    pub fn dropped_client_messages(&self) -> u64 {
+        self.shared
+            .stats
+            .dropped_client_messages
+            .load(Ordering::Relaxed)
     }
 
     /// Moves everything queued into `out` (which should be empty; its allocation is reused).
@@ -666,8 +675,7 @@ mod tests {
         c2s.offer(now, Bytes::from_static(b"b\nb\n\n"));
         assert_eq!(stats.dropped_chunks[0].load(Ordering::Relaxed), 1);
         assert_eq!(stats.dropped_bytes[0].load(Ordering::Relaxed), 5);
-        assert_eq!(rx.dropped_messages(Direction::ClientToServer), 3);
-        assert_eq!(rx.dropped_messages(Direction::ServerToClient), 0);
+        assert_eq!(rx.dropped_client_messages(), 3);
         let Some(TapMsg::Chunk(first)) = rx.try_recv() else {
             panic!("first chunk must arrive")
         };

@@ -182,7 +182,7 @@ impl LostRequests {
         splitter: &mut FrameSplitter,
         obs: &mut Observer<S>,
     ) {
-        let dropped = rx.dropped_messages(Direction::ClientToServer);
+        let dropped = rx.dropped_client_messages();
         let new = dropped.saturating_sub(self.dropped) + splitter.take_discarded();
         self.dropped = dropped;
         obs.stats.unobserved += new;
