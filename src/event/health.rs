@@ -27,7 +27,8 @@ pub struct Health {
     #[serde(rename = "orphanResponses")]
     pub orphan_responses: u64,
     /// Calls that made no event because they could not be observed: their answer, or their
-    /// request, was lost to the observer (stdio counts every client message it lost as a call).
+    /// request, was lost to the observer (every client message it lost, in HTTP mode every
+    /// POST, counts as a call).
     pub unobserved: u64,
     /// Bytes the relay could not hand to the observer (it fell behind).
     #[serde(rename = "tapDroppedBytes")]

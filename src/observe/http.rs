@@ -18,7 +18,8 @@
 //! join), or lost messages on the channel, the calls of that POST still waiting
 //! when the exchange ends make no event and count as unobserved (`--debug` totals), as in stdio.
 //! A drop anywhere on the channel marks every exchange open at that moment, since the watcher
-//! cannot tell whose message was lost.
+//! cannot tell whose message was lost. A POST whose request body (or its end, or its head) was
+//! lost counts as one unobserved call: the server got it, the observer never read it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
@@ -128,6 +129,8 @@ struct Exchange {
     /// Some of the answer cannot be read (see the module docs): calls still waiting when the
     /// exchange ends are unobserved, not failed.
     answers_lost: bool,
+    /// Part of the request body was dropped: whatever it carried is never observed.
+    req_lost: bool,
 }
 
 /// Counters for `--debug`.
@@ -154,6 +157,8 @@ struct Watcher<S: EventSink> {
     /// The channel's counters, and how many drops have been accounted for.
     stats: Arc<ExchangeStats>,
     drops_seen: u64,
+    /// The channel's count of dropped POST heads already counted as unobserved calls.
+    posts_seen: u64,
 }
 
 impl<S: EventSink> Watcher<S> {
@@ -171,6 +176,7 @@ impl<S: EventSink> Watcher<S> {
             namer,
             stats,
             drops_seen: 0,
+            posts_seen: 0,
         }
     }
 
@@ -184,6 +190,10 @@ impl<S: EventSink> Watcher<S> {
             return;
         }
         self.drops_seen = dropped;
+        // A POST whose head was dropped is never heard of: counted here, once.
+        let posts = self.stats.dropped_posts.load(Ordering::Relaxed);
+        self.observer.stats.unobserved += posts.saturating_sub(self.posts_seen);
+        self.posts_seen = posts;
         for x in self.exchanges.values_mut() {
             x.answers_lost = true;
         }
@@ -278,6 +288,7 @@ impl<S: EventSink> Watcher<S> {
                         pending_bytes: 0,
                         calls: Vec::new(),
                         answers_lost: false,
+                        req_lost: false,
                     },
                 );
             }
@@ -490,6 +501,7 @@ impl<S: EventSink> Watcher<S> {
                 }
                 if gap {
                     x.req_usable = false;
+                    x.req_lost = true;
                     x.req.discard();
                 } else {
                     x.req.push(bytes);
@@ -628,6 +640,13 @@ impl<S: EventSink> Watcher<S> {
         let Some(x) = self.exchanges.remove(&ex) else {
             return;
         };
+        // A request body lost to a drop, or never ended because its end was: one message the
+        // server got and the observer did not read, counted as an unobserved call as in stdio
+        // (`super::stdio`, `LostRequests`). A body its client abandoned is not: the server got
+        // no whole request either.
+        if x.kind == ReqKind::Post && (x.req_lost || !x.req_fed) {
+            self.observer.stats.unobserved += 1;
+        }
         if let (Some(scope), true) = (x.scope, x.answers_lost) {
             self.observer.end_unobserved(scope, &x.calls);
         }
@@ -761,6 +780,97 @@ mod tests {
             assert!(events.is_empty(), "{ct}: {events:?}");
             assert_eq!(stats.unobserved, 1, "{ct}");
         }
+    }
+
+    /// The request body, or its end, was dropped: the server got a call the observer never
+    /// read. It makes no event (its answer is an orphan) and is counted as unobserved, as in
+    /// stdio. A body its client abandoned is not counted: the server got no whole request.
+    #[test]
+    fn a_request_lost_to_a_drop_is_an_unobserved_call() {
+        let (c2s, s2c) = (Direction::ClientToServer, Direction::ServerToClient);
+        let head = |w: &mut Watcher<Vec<Event>>| {
+            w.handle(ExchangeMsg::Request {
+                ex: 1,
+                kind: ReqKind::Post,
+                session: None,
+                traceparent: None,
+            })
+        };
+        let answer = |w: &mut Watcher<Vec<Event>>| {
+            w.handle(ExchangeMsg::Response {
+                ex: 1,
+                status: 200,
+                session: None,
+                content_type: Some(HeaderValue::from_static("application/json")),
+                content_encoding: None,
+                seen: Instant::now(),
+            });
+            w.handle(chunk(s2c, ANSWER, false));
+            w.handle(end(s2c));
+        };
+        let (head_of_call, rest) = CALL.split_at(30);
+        let (_, tail) = rest.split_at(5);
+        // The body's middle dropped: its last chunk comes after a gap.
+        let mut w = watcher();
+        head(&mut w);
+        w.handle(chunk(c2s, head_of_call, false));
+        w.handle(chunk(c2s, tail, true));
+        w.handle(end(c2s));
+        answer(&mut w);
+        let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!((stats.unobserved, stats.orphan_responses), (1, 1));
+        // The body's end dropped: the exchange ends with the request never complete.
+        let mut w = watcher();
+        head(&mut w);
+        w.handle(chunk(c2s, CALL, false));
+        answer(&mut w);
+        let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(stats.unobserved, 1);
+        // The client abandoned its body: nothing the server executed, nothing counted.
+        let mut w = watcher();
+        head(&mut w);
+        w.handle(chunk(c2s, head_of_call, false));
+        w.handle(ExchangeMsg::End {
+            ex: 1,
+            dir: c2s,
+            seen: Instant::now(),
+            how: BodyEnd::SourceFailed,
+        });
+        answer(&mut w);
+        let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(stats.unobserved, 0);
+    }
+
+    /// A POST whose head the channel dropped is never heard of: counted once, when the watcher
+    /// learns of the drop.
+    #[test]
+    fn a_dropped_request_head_is_an_unobserved_call() {
+        let (tx, rx) = crate::tap::http::channel();
+        let mut w = watcher();
+        w.stats = rx.stats();
+        let mut offered = 0;
+        while tx.offer(ExchangeMsg::Request {
+            ex: offered,
+            kind: ReqKind::Get,
+            session: None,
+            traceparent: None,
+        }) {
+            offered += 1;
+        }
+        for kind in [ReqKind::Post, ReqKind::Post, ReqKind::Delete] {
+            assert!(!tx.offer(ExchangeMsg::Request {
+                ex: offered,
+                kind,
+                session: None,
+                traceparent: None,
+            }));
+        }
+        w.account_drops();
+        w.account_drops();
+        assert_eq!(w.observer.stats.unobserved, 2, "the two POSTs, once");
     }
 
     /// A `tools/call` result with `n` bytes of text, in the TypeScript SDK's field order (`id`

@@ -122,8 +122,9 @@ pub struct ObserverStats {
     /// Calls that ended without an observed answer after the tap (or the HTTP watch channel)
     /// dropped server→client bytes while they were open, or (HTTP) whose answer could not be
     /// read: their answer may have been among the dropped bytes, so no event is made for them
-    /// (a 504 or 502 would claim a failure the client may not have seen). Stdio also counts
-    /// here every client message the observer lost whole (see `stdio::LostRequests`).
+    /// (a 504 or 502 would claim a failure the client may not have seen). Also counted here:
+    /// every client message the observer lost whole (stdio, see `stdio::LostRequests`), and
+    /// every POST whose request it lost (HTTP).
     pub unobserved: u64,
     /// Requests dropped from tracking at a cap on open requests (`observe::correlate`): the
     /// oldest of a scope past `MAX_OPEN_PER_SCOPE`, or a new one past `MAX_PENDING` in all.

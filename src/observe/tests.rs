@@ -1134,8 +1134,8 @@ async fn requests_lost_to_a_tap_drop_are_counted_as_unobserved_calls() {
     s2c.close(t0 + Duration::from_millis(2));
     let obs = run_tap_observer(rx, Observer::new(cfg(), Vec::new()), no_pacing()).await;
     let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
-    let ids: Vec<(u16, bool)> = events.iter().map(|e| (e.status, e.err.is_none())).collect();
-    assert_eq!(ids, vec![(200, true); 3], "calls 1, 2 and 7");
+    let statuses: Vec<(u16, bool)> = events.iter().map(|e| (e.status, e.err.is_none())).collect();
+    assert_eq!(statuses, vec![(200, true); 3], "calls 1, 2 and 7");
     // 3, 4 and 5 ended in the dropped bytes, 6 was thrown away resynchronising: each counted
     // once, so every call made is an event or unobserved.
     assert_eq!(stats.unobserved, 4);

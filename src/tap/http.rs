@@ -97,6 +97,8 @@ pub struct ExchangeStats {
     pub sent: AtomicU64,
     pub dropped: AtomicU64,
     pub dropped_bytes: AtomicU64,
+    /// Heads of POST requests dropped: requests the observer never hears of.
+    pub dropped_posts: AtomicU64,
 }
 
 /// The forwarding path's handle: cheap to clone, never blocks.
@@ -118,7 +120,14 @@ impl ExchangeSender {
                 self.stats.sent.fetch_add(1, Ordering::Relaxed);
                 true
             }
-            Err(_) => {
+            Err(e) => {
+                if let ExchangeMsg::Request {
+                    kind: ReqKind::Post,
+                    ..
+                } = e.into_inner()
+                {
+                    self.stats.dropped_posts.fetch_add(1, Ordering::Relaxed);
+                }
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 self.stats.dropped_bytes.fetch_add(len, Ordering::Relaxed);
                 false
