@@ -318,7 +318,7 @@ impl<S: EventSink> Observer<S> {
             }
         }
         let unanswered = matches!(outcome, Outcome::Timeout | Outcome::Transport);
-        if unanswered && self.s2c_gap.is_some_and(|g| a.started < g) {
+        if unanswered && self.last_gap.is_some_and(|g| a.started < g) {
             self.stats.unobserved += 1;
             return;
         }

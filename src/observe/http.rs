@@ -197,8 +197,7 @@ impl<S: EventSink> Watcher<S> {
         for x in self.exchanges.values_mut() {
             x.answers_lost = true;
         }
-        self.observer
-            .on_gap(Direction::ServerToClient, Instant::now());
+        self.observer.on_gap(Instant::now());
     }
 }
 

@@ -113,9 +113,9 @@ pub struct Observer<S: EventSink> {
     pub(super) early_bytes: usize,
     /// Stdio: one random session id per wrapper process.
     pub(super) stdio_session: SharedStr,
-    /// Relay time of the first server→client chunk after the latest tap drop in that
-    /// direction: a call started before it may have had its answer dropped.
-    pub(super) s2c_gap: Option<Instant>,
+    /// Relay time of the first chunk after the latest drop in either direction: a call
+    /// started before it may have had its answer, or its cancellation, dropped.
+    pub(super) last_gap: Option<Instant>,
     /// While [`Observer::on_request_body`] runs: the ids of the `tools/call` requests it starts.
     pub(super) started_calls: Option<Vec<RpcId>>,
     pub(super) warned: Warned,
@@ -162,7 +162,7 @@ impl<S: EventSink> Observer<S> {
             early: HashMap::new(),
             early_bytes: 0,
             stdio_session: clear_session_id().into(),
-            s2c_gap: None,
+            last_gap: None,
             started_calls: None,
             warned: Warned::default(),
             server_version: None,
@@ -476,13 +476,12 @@ impl<S: EventSink> Observer<S> {
         (self.stats, self.sink)
     }
 
-    /// Bytes of `dir` were dropped on their way to the observer (the stdio tap, or the HTTP
-    /// watch channel) before `seen`: a call started before then that ends unanswered may have
-    /// had its answer among them, and makes no event ([`ObserverStats::unobserved`]).
-    pub fn on_gap(&mut self, dir: Direction, seen: Instant) {
-        if dir == Direction::ServerToClient {
-            self.s2c_gap = Some(seen);
-        }
+    /// Bytes were dropped on their way to the observer (the stdio tap, or the HTTP watch
+    /// channel) before `seen`: a call started before then that ends unanswered may have had its
+    /// answer among them, or its `notifications/cancelled` (a cancelled call is a 499, not the
+    /// 504 or 502 it would end as), and makes no event ([`ObserverStats::unobserved`]).
+    pub fn on_gap(&mut self, seen: Instant) {
+        self.last_gap = Some(seen);
         self.stats.gaps += 1;
         if !self.warned.gap {
             self.warned.gap = true;

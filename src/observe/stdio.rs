@@ -563,7 +563,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                     let i = c.dir.index();
                     unsplit[i].pop_front();
                     if c.after_gap {
-                        observer.on_gap(c.dir, c.seen);
+                        observer.on_gap(c.seen);
                     }
                     last_seen[i] = Some(c.seen);
                     let other = ahead_of(&rx, &unsplit, opposite(c.dir));
@@ -590,7 +590,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                     if after_gap {
                         // The end came after a drop: what the splitter holds is damaged, never
                         // a message, and the calls open may have had their answers dropped.
-                        observer.on_gap(dir, seen);
+                        observer.on_gap(seen);
                         splitters[dir.index()].push(&[], true, 0, |_| {});
                     }
                     splitters[dir.index()].flush(|s| {
@@ -660,7 +660,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
     if cut || !reorder.is_empty() {
         // Past the cut-off: whatever answers are still unread, a call that may be waiting for
         // one of them is unobserved rather than a 504 or 502 the client never saw.
-        observer.on_gap(Direction::ServerToClient, Instant::now());
+        observer.on_gap(Instant::now());
     }
     lost.count(&rx, &mut splitters[0], &mut observer);
     observer.sync_health(rx.dropped_bytes());

@@ -1144,6 +1144,46 @@ async fn requests_lost_to_a_tap_drop_are_counted_as_unobserved_calls() {
 }
 
 #[tokio::test]
+async fn a_cancellation_lost_to_a_drop_leaves_no_false_timeout() {
+    use bytes::Bytes;
+    let line = |v: Value| format!("{v}\n");
+    let reqs = line(call(json!(1), "a", json!({}))) + &line(call(json!(2), "b", json!({})));
+    // The client cancels call 2 and starts call 3; that chunk is dropped. The server answers
+    // every call but the cancelled one, as a server may, and the session ends.
+    let three = line(call(json!(3), "c", json!({})));
+    let (head, tail) = three.split_at(10);
+    let dropped =
+        line(json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}))
+            + &" ".repeat(4_000)
+            + head;
+    let after = tail.to_string() + &line(call(json!(4), "d", json!({})));
+    let answers = line(ok(json!(1))) + &line(ok(json!(3))) + &line(ok(json!(4)));
+    let budget = reqs.len() + after.len() + answers.len() + 3 * crate::tap::CHUNK_OVERHEAD;
+    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap_with_budget(64, budget);
+    let t0 = Instant::now();
+    c2s.offer(t0, Bytes::from(reqs));
+    c2s.offer(t0 + Duration::from_millis(1), Bytes::from(dropped));
+    c2s.offer(t0 + Duration::from_millis(2), Bytes::from(after));
+    s2c.offer(t0 + Duration::from_millis(3), Bytes::from(answers));
+    assert_eq!(
+        stats.dropped_chunks[0].load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    c2s.close(t0 + Duration::from_millis(4));
+    s2c.close(t0 + Duration::from_millis(4));
+    let obs = run_tap_observer(rx, Observer::new(cfg(), Vec::new()), no_pacing()).await;
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    let by_tool: Vec<(&str, u16)> = events
+        .iter()
+        .map(|e| (e.rec.action.as_str(), e.status))
+        .collect();
+    // Call 2 was cancelled (a 499), which the observer cannot know: no event, not a 504.
+    assert_eq!(by_tool, vec![("a", 200), ("d", 200)]);
+    // Call 2, the lost notification and call 3 (messages the observer never read).
+    assert_eq!(stats.unobserved, 3);
+}
+
+#[tokio::test]
 async fn a_drop_right_before_the_end_hands_on_no_damaged_message_and_no_false_status() {
     use bytes::Bytes;
     let line = |v: Value| format!("{v}\n");
