@@ -722,6 +722,28 @@ mod tests {
         }
     }
 
+    /// The head of POST `ex`, with no session.
+    fn post(ex: u64) -> ExchangeMsg {
+        ExchangeMsg::Request {
+            ex,
+            kind: ReqKind::Post,
+            session: None,
+            traceparent: None,
+        }
+    }
+
+    /// The head of `ex`'s answer, with no session.
+    fn answer_head(ex: u64, status: u16, content_type: &'static str) -> ExchangeMsg {
+        ExchangeMsg::Response {
+            ex,
+            status,
+            session: None,
+            content_type: Some(HeaderValue::from_static(content_type)),
+            content_encoding: None,
+            seen: Instant::now(),
+        }
+    }
+
     /// One POST carrying [`CALL`], answered 200 with `content_type`; `answer` are the response
     /// body's messages as the watcher gets them.
     fn exchange(
@@ -729,22 +751,10 @@ mod tests {
         answer: Vec<ExchangeMsg>,
     ) -> (ObserverStats, Vec<Event>) {
         let mut w = watcher();
-        w.handle(ExchangeMsg::Request {
-            ex: 1,
-            kind: ReqKind::Post,
-            session: None,
-            traceparent: None,
-        });
+        w.handle(post(1));
         w.handle(chunk(Direction::ClientToServer, CALL, false));
         w.handle(end(Direction::ClientToServer));
-        w.handle(ExchangeMsg::Response {
-            ex: 1,
-            status: 200,
-            session: None,
-            content_type: Some(HeaderValue::from_static(content_type)),
-            content_encoding: None,
-            seen: Instant::now(),
-        });
+        w.handle(answer_head(1, 200, content_type));
         for m in answer {
             w.handle(m);
         }
@@ -787,23 +797,9 @@ mod tests {
     #[test]
     fn a_request_lost_to_a_drop_is_an_unobserved_call() {
         let (c2s, s2c) = (Direction::ClientToServer, Direction::ServerToClient);
-        let head = |w: &mut Watcher<Vec<Event>>| {
-            w.handle(ExchangeMsg::Request {
-                ex: 1,
-                kind: ReqKind::Post,
-                session: None,
-                traceparent: None,
-            })
-        };
+        let head = |w: &mut Watcher<Vec<Event>>| w.handle(post(1));
         let answer = |w: &mut Watcher<Vec<Event>>| {
-            w.handle(ExchangeMsg::Response {
-                ex: 1,
-                status: 200,
-                session: None,
-                content_type: Some(HeaderValue::from_static("application/json")),
-                content_encoding: None,
-                seen: Instant::now(),
-            });
+            w.handle(answer_head(1, 200, "application/json"));
             w.handle(chunk(s2c, ANSWER, false));
             w.handle(end(s2c));
         };
@@ -940,25 +936,13 @@ mod tests {
             seen: Instant::now(),
             how: BodyEnd::Complete,
         };
-        w.handle(ExchangeMsg::Request {
-            ex,
-            kind: ReqKind::Post,
-            session: None,
-            traceparent: None,
-        });
+        w.handle(post(ex));
         for m in chunks(Direction::ClientToServer, request) {
             w.handle(m);
             assert!(held(w, ex) <= bound);
         }
         w.handle(end(Direction::ClientToServer));
-        w.handle(ExchangeMsg::Response {
-            ex,
-            status,
-            session: None,
-            content_type: Some(HeaderValue::from_static(content_type)),
-            content_encoding: None,
-            seen: Instant::now(),
-        });
+        w.handle(answer_head(ex, status, content_type));
         for m in chunks(Direction::ServerToClient, answer) {
             w.handle(m);
             assert!(held(w, ex) <= bound, "{content_type}");

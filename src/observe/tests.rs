@@ -1102,40 +1102,74 @@ async fn call_whose_answer_may_be_in_a_tap_drop_makes_no_false_504() {
     assert!(stats.gaps >= 1);
 }
 
-#[tokio::test]
-async fn requests_lost_to_a_tap_drop_are_counted_as_unobserved_calls() {
+/// Offers `chunks` in order (1 ms apart) to a tap whose byte budget holds exactly the kept ones,
+/// so that each chunk marked dropped is dropped (checked), closes both directions, and runs the
+/// observer to the end: its totals and each event's tool and status.
+async fn observe_with_drops(
+    chunks: &[(Direction, String, bool)],
+) -> (ObserverStats, Vec<(String, u16)>) {
     use bytes::Bytes;
-    let req = |i: u64| format!("{}\n", call(json!(i), "t", json!({})));
-    // Calls 1 and 2 get through; the next chunk, with calls 3 to 5 and the start of call 6,
-    // is too large for what is left of the budget and is dropped; the rest of call 6 and call 7
-    // get through after the gap.
-    let first = req(1) + &req(2);
-    let six = req(6);
-    let (head, tail) = six.split_at(10);
-    let dropped = req(3) + &req(4) + &req(5) + &" ".repeat(4_000) + head;
-    let after = tail.to_string() + &req(7);
-    let answers: String = (1..=7).map(|i| format!("{}\n", ok(json!(i)))).collect();
-    let budget = first.len() + after.len() + answers.len() + 3 * crate::tap::CHUNK_OVERHEAD;
+    let kept = |d: Direction| chunks.iter().filter(move |c| c.0 == d && !c.2);
+    let budget = [C2S, S2C]
+        .into_iter()
+        .flat_map(kept)
+        .map(|c| c.1.len() + crate::tap::CHUNK_OVERHEAD)
+        .sum();
     let (mut c2s, mut s2c, rx, stats) = crate::tap::tap_with_budget(64, budget);
     let t0 = Instant::now();
-    c2s.offer(t0, Bytes::from(first));
-    c2s.offer(t0, Bytes::from(dropped));
-    c2s.offer(t0, Bytes::from(after));
-    s2c.offer(t0 + Duration::from_millis(1), Bytes::from(answers));
-    assert_eq!(
-        stats.dropped_chunks[0].load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
-    assert_eq!(
-        stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
-    c2s.close(t0 + Duration::from_millis(2));
-    s2c.close(t0 + Duration::from_millis(2));
+    let mut at = t0;
+    for (dir, text, _) in chunks {
+        at += Duration::from_millis(1);
+        let tx = if *dir == C2S { &mut c2s } else { &mut s2c };
+        tx.offer(at, Bytes::from(text.clone()));
+    }
+    for dir in [C2S, S2C] {
+        let marked = chunks.iter().filter(|c| c.0 == dir && c.2).count() as u64;
+        let dropped = stats.dropped_chunks[dir.index()].load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            dropped, marked,
+            "{dir:?}: the chunks marked dropped, and only they"
+        );
+    }
+    c2s.close(at);
+    s2c.close(at);
     let obs = run_tap_observer(rx, Observer::new(cfg(), Vec::new()), no_pacing()).await;
     let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
-    let statuses: Vec<(u16, bool)> = events.iter().map(|e| (e.status, e.err.is_none())).collect();
-    assert_eq!(statuses, vec![(200, true); 3], "calls 1, 2 and 7");
+    let by_tool = events
+        .iter()
+        .map(|e| (e.rec.action.to_string(), e.status))
+        .collect();
+    (stats, by_tool)
+}
+
+fn line(v: Value) -> String {
+    format!("{v}\n")
+}
+
+fn tools(names: &[(&str, u16)]) -> Vec<(String, u16)> {
+    names.iter().map(|(t, s)| (t.to_string(), *s)).collect()
+}
+
+#[tokio::test]
+async fn requests_lost_to_a_tap_drop_are_counted_as_unobserved_calls() {
+    let req = |i: u64, t: &str| line(call(json!(i), t, json!({})));
+    // Calls 1 and 2 get through; the next chunk, with calls 3 to 5 and the start of call 6, is
+    // dropped; the rest of call 6 and call 7 get through after the gap.
+    let six = req(6, "f");
+    let (head, tail) = six.split_at(10);
+    let answers: String = (1..=7).map(|i| line(ok(json!(i)))).collect();
+    let (stats, events) = observe_with_drops(&[
+        (C2S, req(1, "a") + &req(2, "b"), false),
+        (
+            C2S,
+            req(3, "c") + &req(4, "d") + &req(5, "e") + &" ".repeat(4_000) + head,
+            true,
+        ),
+        (C2S, tail.to_string() + &req(7, "g"), false),
+        (S2C, answers, false),
+    ])
+    .await;
+    assert_eq!(events, tools(&[("a", 200), ("b", 200), ("g", 200)]));
     // 3, 4 and 5 ended in the dropped bytes, 6 was thrown away resynchronising: each counted
     // once, so every call made is an event or unobserved.
     assert_eq!(stats.unobserved, 4);
@@ -1145,74 +1179,55 @@ async fn requests_lost_to_a_tap_drop_are_counted_as_unobserved_calls() {
 
 #[tokio::test]
 async fn a_cancellation_lost_to_a_drop_leaves_no_false_timeout() {
-    use bytes::Bytes;
-    let line = |v: Value| format!("{v}\n");
-    let reqs = line(call(json!(1), "a", json!({}))) + &line(call(json!(2), "b", json!({})));
     // The client cancels call 2 and starts call 3; that chunk is dropped. The server answers
     // every call but the cancelled one, as a server may, and the session ends.
     let three = line(call(json!(3), "c", json!({})));
     let (head, tail) = three.split_at(10);
-    let dropped =
-        line(json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}))
-            + &" ".repeat(4_000)
-            + head;
-    let after = tail.to_string() + &line(call(json!(4), "d", json!({})));
-    let answers = line(ok(json!(1))) + &line(ok(json!(3))) + &line(ok(json!(4)));
-    let budget = reqs.len() + after.len() + answers.len() + 3 * crate::tap::CHUNK_OVERHEAD;
-    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap_with_budget(64, budget);
-    let t0 = Instant::now();
-    c2s.offer(t0, Bytes::from(reqs));
-    c2s.offer(t0 + Duration::from_millis(1), Bytes::from(dropped));
-    c2s.offer(t0 + Duration::from_millis(2), Bytes::from(after));
-    s2c.offer(t0 + Duration::from_millis(3), Bytes::from(answers));
-    assert_eq!(
-        stats.dropped_chunks[0].load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
-    c2s.close(t0 + Duration::from_millis(4));
-    s2c.close(t0 + Duration::from_millis(4));
-    let obs = run_tap_observer(rx, Observer::new(cfg(), Vec::new()), no_pacing()).await;
-    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
-    let by_tool: Vec<(&str, u16)> = events
-        .iter()
-        .map(|e| (e.rec.action.as_str(), e.status))
-        .collect();
+    let cancel =
+        json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}});
+    let (stats, events) = observe_with_drops(&[
+        (
+            C2S,
+            line(call(json!(1), "a", json!({}))) + &line(call(json!(2), "b", json!({}))),
+            false,
+        ),
+        (C2S, line(cancel) + &" ".repeat(4_000) + head, true),
+        (
+            C2S,
+            tail.to_string() + &line(call(json!(4), "d", json!({}))),
+            false,
+        ),
+        (
+            S2C,
+            line(ok(json!(1))) + &line(ok(json!(3))) + &line(ok(json!(4))),
+            false,
+        ),
+    ])
+    .await;
     // Call 2 was cancelled (a 499), which the observer cannot know: no event, not a 504.
-    assert_eq!(by_tool, vec![("a", 200), ("d", 200)]);
+    assert_eq!(events, tools(&[("a", 200), ("d", 200)]));
     // Call 2, the lost notification and call 3 (messages the observer never read).
     assert_eq!(stats.unobserved, 3);
 }
 
 #[tokio::test]
 async fn a_drop_right_before_the_end_hands_on_no_damaged_message_and_no_false_status() {
-    use bytes::Bytes;
-    let line = |v: Value| format!("{v}\n");
-    let reqs = line(call(json!(1), "a", json!({}))) + &line(call(json!(2), "b", json!({})));
     // The answers' chunk ends inside call 2's answer; the rest of it is dropped, and then the
     // server's stdout ends.
     let two = line(ok(json!(2)));
     let (head, tail) = two.split_at(12);
-    let answers = line(ok(json!(1))) + head;
-    let budget = reqs.len() + answers.len() + 2 * crate::tap::CHUNK_OVERHEAD;
-    let (mut c2s, mut s2c, rx, stats) = crate::tap::tap_with_budget(64, budget);
-    let t0 = Instant::now();
-    c2s.offer(t0, Bytes::from(reqs));
-    s2c.offer(t0 + Duration::from_millis(1), Bytes::from(answers));
-    s2c.offer(t0 + Duration::from_millis(1), Bytes::from(tail.to_string()));
-    assert_eq!(
-        stats.dropped_chunks[1].load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
-    c2s.close(t0 + Duration::from_millis(2));
-    s2c.close(t0 + Duration::from_millis(2));
-    let obs = run_tap_observer(rx, Observer::new(cfg(), Vec::new()), no_pacing()).await;
-    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
-    let by_tool: Vec<(&str, u16)> = events
-        .iter()
-        .map(|e| (e.rec.action.as_str(), e.status))
-        .collect();
+    let (stats, events) = observe_with_drops(&[
+        (
+            C2S,
+            line(call(json!(1), "a", json!({}))) + &line(call(json!(2), "b", json!({}))),
+            false,
+        ),
+        (S2C, line(ok(json!(1))) + head, false),
+        (S2C, tail.to_string(), true),
+    ])
+    .await;
     // Not a 504 for call 2: its answer may have been in the dropped bytes.
-    assert_eq!(by_tool, vec![("a", 200)]);
+    assert_eq!(events, tools(&[("a", 200)]));
     assert_eq!(stats.unobserved, 1);
     // The head of call 2's answer is not a message of its own.
     assert_eq!((stats.non_json, stats.malformed), (0, 0));
