@@ -79,6 +79,14 @@ fn run_as_an_ordinary_user(cmd: &mut std::process::Command, dir: &std::path::Pat
     }
 }
 
+/// The number after `key=` in a `--debug` totals line.
+fn field(line: &str, key: &str) -> usize {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
 fn burst() -> Vec<u8> {
     let mut out = String::from(
         "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"burst\",\"version\":\"1\"}}}\n\
@@ -169,15 +177,8 @@ fn exit_is_bounded_by_the_shutdown_flush_under_busy_loops_on_every_cpu() {
         .lines()
         .find(|l| l.contains("Reporter totals"))
         .unwrap_or_else(|| panic!("no totals in stderr:\n{stderr}"));
-    let count = |key: &str| -> usize {
-        totals
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{key}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {key}= in {totals}"))
-    };
     assert!(
-        count("delivered") <= ids.len(),
+        field(totals, "delivered") <= ids.len(),
         "delivered counts only what reached the sink: {totals} ({} in the file)",
         ids.len()
     );
@@ -187,15 +188,8 @@ fn exit_is_bounded_by_the_shutdown_flush_under_busy_loops_on_every_cpu() {
     // the wrapper says so instead.)
     let finished = |l: &&str| l.contains("Observer totals") && !l.contains("totals unknown");
     if let Some(observer) = stderr.lines().find(finished) {
-        let field = |key: &str| -> usize {
-            observer
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{key}=")))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no {key}= in {observer}"))
-        };
         assert_eq!(
-            field("events") + field("unobserved"),
+            field(observer, "events") + field(observer, "unobserved"),
             CALLS,
             "a call neither an event nor counted: {observer}"
         );
