@@ -591,7 +591,7 @@ pub async fn run_tap_observer_with<S: EventSink>(
                         // The end came after a drop: what the splitter holds is damaged, never
                         // a message, and the calls open may have had their answers dropped.
                         observer.on_gap(seen);
-                        splitters[dir.index()].push(&[], true, 0, |_| {});
+                        splitters[dir.index()].lost();
                     }
                     splitters[dir.index()].flush(|s| {
                         reorder.push(&mut observer, dir, at, &bytes::Bytes::new(), s, other)
