@@ -204,7 +204,7 @@ impl LostRequests {
         for msg in batch.drain(..) {
             if let TapMsg::Chunk(c) = msg {
                 if c.dir == Direction::ClientToServer && !c.bytes.is_empty() {
-                    unread += memchr::memchr_iter(b'\n', &c.bytes).count() as u64;
+                    unread += crate::tap::messages_ended(&c.bytes);
                     open = !c.bytes.ends_with(b"\n");
                 }
             }
