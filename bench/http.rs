@@ -914,7 +914,7 @@ impl SdkClient {
 
 /// The Rust SDK's run of [`SdkClient::run`], in this process on a runtime of its own.
 fn rmcp_bench(url: &str, calls: usize) -> Result<f64, String> {
-    use rmcp::model::CallToolRequestParams;
+    use interop_support::rmcp_echo;
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::ServiceExt;
 
@@ -927,23 +927,11 @@ fn rmcp_bench(url: &str, calls: usize) -> Result<f64, String> {
     let work = async {
         let transport = StreamableHttpClientTransport::from_uri(url.to_string());
         let client = ().serve(transport).await.map_err(|e| format!("initialize: {e}"))?;
-        let echo = |message: String| {
-            let mut arguments = serde_json::Map::new();
-            arguments.insert("message".into(), message.into());
-            client.call_tool(CallToolRequestParams::new("echo").with_arguments(arguments))
-        };
         // One call before the clock starts, so connection set-up is not timed.
-        echo("warm-up".into())
-            .await
-            .map_err(|e| format!("warm-up: {e}"))?;
+        rmcp_echo(&client, "warm-up".into()).await?;
         let t = Instant::now();
         for i in 0..calls {
-            let r = echo(format!("call {i}"))
-                .await
-                .map_err(|e| format!("echo call {i}: {e}"))?;
-            if r.is_error == Some(true) {
-                return Err(format!("echo call {i} failed: {r:?}"));
-            }
+            rmcp_echo(&client, format!("call {i}")).await?;
         }
         let seconds = t.elapsed().as_secs_f64();
         let _ = client.cancel().await;

@@ -113,7 +113,6 @@ fn parse_session_args(args: &[String]) -> Option<SessionArgs<'_>> {
 }
 
 async fn rmcp_session(calls: u32, env: Vec<(&str, &str)>, argv: &[String]) -> Result<(), String> {
-    use rmcp::model::CallToolRequestParams;
     use rmcp::ServiceExt;
     use tokio::io::AsyncBufReadExt;
 
@@ -132,16 +131,7 @@ async fn rmcp_session(calls: u32, env: Vec<(&str, &str)>, argv: &[String]) -> Re
     let service = ().serve((stdout, stdin)).await.map_err(|e| format!("initialize: {e}"))?;
     let t = Instant::now();
     for i in 0..calls {
-        let mut arguments = serde_json::Map::new();
-        arguments.insert("message".into(), format!("call {i}").into());
-        let params = CallToolRequestParams::new("echo").with_arguments(arguments);
-        let r = service
-            .call_tool(params)
-            .await
-            .map_err(|e| format!("echo call {i}: {e}"))?;
-        if r.is_error == Some(true) {
-            return Err(format!("echo call {i} failed: {r:?}"));
-        }
+        crate::interop_support::rmcp_echo(&service, format!("call {i}")).await?;
     }
     let seconds = t.elapsed().as_secs_f64();
     println!(

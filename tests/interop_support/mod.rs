@@ -311,3 +311,23 @@ pub fn stamped_text(bytes: usize) -> String {
     text.truncate(bytes);
     text
 }
+
+/// One `tools/call` of server-everything's `echo` with `message`, by the official Rust SDK's
+/// client: an error, or a result with `isError`, is the caller's error. The benchmarks' unit of
+/// work for that client, over stdio and over HTTP.
+pub async fn rmcp_echo(
+    client: &rmcp::service::Peer<rmcp::RoleClient>,
+    message: String,
+) -> Result<(), String> {
+    let mut arguments = serde_json::Map::new();
+    arguments.insert("message".into(), message.clone().into());
+    let params = rmcp::model::CallToolRequestParams::new("echo").with_arguments(arguments);
+    let r = client
+        .call_tool(params)
+        .await
+        .map_err(|e| format!("echo {message:?}: {e}"))?;
+    if r.is_error == Some(true) {
+        return Err(format!("echo {message:?} failed: {r:?}"));
+    }
+    Ok(())
+}
