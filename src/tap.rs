@@ -8,8 +8,9 @@
 //! get through is marked `after_gap`, so the frame splitter can resynchronise at the next newline
 //! instead of gluing two halves of different messages together. The bound is in bytes, not
 //! chunks, so a burst of thousands of small messages is absorbed while memory stays bounded.
-//! A sender wakes the observer only when it is asleep with nothing to do; while it is busy or
-//! lingering (see `observe::run_tap_observer`) offers cost a lock and a push, no syscall.
+//! A sender wakes the observer only when it is asleep with nothing to do, and the client's
+//! sender only past a backlog ([`CLIENT_WAKE_BYTES`]); while it is busy or lingering (see
+//! `observe::run_tap_observer`) offers cost a lock and a push, no syscall.
 //! The sender also finds newlines (only newlines) so that of a frame too large for the
 //! observer to read whole only the head and tail cross (see [`Trim`]).
 //! Must never block, never parse JSON, never log per chunk.
@@ -137,6 +138,17 @@ pub const TAP_CAPACITY: usize = 65_536;
 /// 8 MiB holds a 20,000-call pipelined burst of small `tools/call` messages (~6 MB) and more than
 /// one 5 MB frame; it is also the most the tap can ever add to the wrapper's memory.
 pub const TAP_BUDGET_BYTES: usize = 8 * 1024 * 1024;
+
+/// Bytes queued (as [`TAP_BUDGET_BYTES`] counts them) past which a client's chunk wakes a
+/// sleeping observer; below it only the server's chunks do. A request needs observing no sooner
+/// than its answer: the answer's chunk wakes the observer, which then takes both, so a call
+/// that comes alone costs one wake-up instead of two (`bench/README.md`, "One wake-up a
+/// call"). Timestamps are the relay's, so no `dur_ms` changes. What else a client sends alone
+/// (a notification, its answer to a server's request) is observed at the next server chunk, the
+/// observer's next timeout check (once a second) or the session's end; a client that sends much while the
+/// server is silent (a flood of calls it never answers) wakes the observer at this backlog, far
+/// below the budget.
+pub const CLIENT_WAKE_BYTES: usize = 256 * 1024;
 
 /// What one queued chunk costs beyond its bytes (queue slot, `Bytes` header, allocator
 /// rounding): charged against the budget so a flood of tiny chunks is bounded too.
@@ -437,7 +449,7 @@ impl TapSender {
 
     /// Hands forwarded bytes to the observer (the relay's own buffer, no copy). Never blocks on
     /// the observer (the lock is held only for queue pushes) and wakes it only if it is asleep
-    /// waiting for work; counts a drop when the chunk or byte bound is reached. The middle of a
+    /// waiting for work (a client's chunk only past [`CLIENT_WAKE_BYTES`]); counts a drop when the chunk or byte bound is reached. The middle of a
     /// large frame is held back and skipped (see [`Trim`]). Returns the bytes read so far of
     /// the frame still open after this chunk (0 with trimming off): how the relay tells a large
     /// message in progress.
@@ -497,7 +509,14 @@ impl TapSender {
                 q.bytes += charge;
                 q.chunks += 1;
                 q.first_seen[i].get_or_insert(seen);
-                Ok(std::mem::take(&mut q.waiting))
+                // A client's message alone waits for the server's next bytes (see
+                // CLIENT_WAKE_BYTES): only those, or a backlog, wake a sleeping observer.
+                let wake =
+                    q.waiting && (dir == Direction::ServerToClient || q.bytes >= CLIENT_WAKE_BYTES);
+                if wake {
+                    q.waiting = false;
+                }
+                Ok(wake)
             }
         };
         match wake {
@@ -1022,10 +1041,10 @@ mod tests {
 
     #[tokio::test]
     async fn sleeping_receiver_is_woken_by_offer_and_by_last_sender() {
-        let (mut c2s, s2c, mut rx, _stats) = tap(TAP_CAPACITY);
+        let (c2s, mut s2c, mut rx, _stats) = tap(TAP_CAPACITY);
         let offer = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(50));
-            c2s.offer(Instant::now(), Bytes::from_static(b"a\n"));
+            s2c.offer(Instant::now(), Bytes::from_static(b"a\n"));
             std::thread::sleep(std::time::Duration::from_millis(50));
             drop(c2s);
             drop(s2c);
@@ -1039,5 +1058,49 @@ mod tests {
         let got = tokio::time::timeout(limit, rx.recv_many(&mut out)).await;
         assert_eq!(got.ok(), Some(Drained::Closed));
         offer.join().expect("offer thread");
+    }
+
+    /// Whether the receiver has been woken (a wake-up is kept until taken, so a missed one shows).
+    async fn woken(rx: &TapReceiver) -> bool {
+        let short = std::time::Duration::from_millis(50);
+        tokio::time::timeout(short, rx.woken()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_client_chunk_wakes_a_sleeping_receiver_only_past_a_backlog() {
+        let (mut c2s, mut s2c, mut rx, _stats) = tap(TAP_CAPACITY);
+        let mut out = VecDeque::new();
+        let asleep = |rx: &mut TapReceiver, out: &mut VecDeque<TapMsg>| {
+            assert_eq!(rx.drain(out), Drained::Empty);
+            // Goes to sleep as the observer does: finds nothing and says it waits.
+            lock(&rx.shared.state).waiting = true;
+        };
+        asleep(&mut rx, &mut out);
+        c2s.offer(Instant::now(), Bytes::from_static(b"{\"id\":1}\n"));
+        assert!(!woken(&rx).await, "a request alone waits for its answer");
+        s2c.offer(Instant::now(), Bytes::from_static(b"{\"id\":1}\n"));
+        assert!(woken(&rx).await, "the answer wakes the receiver");
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        assert_eq!(out.len(), 2, "the request waited and comes with its answer");
+        out.clear();
+
+        asleep(&mut rx, &mut out);
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        let mut offered = 0;
+        while offered + chunk.len() + CHUNK_OVERHEAD < CLIENT_WAKE_BYTES {
+            c2s.offer(Instant::now(), chunk.clone());
+            offered += chunk.len() + CHUNK_OVERHEAD;
+        }
+        assert!(
+            offered > 0 && !woken(&rx).await,
+            "below the backlog: still asleep"
+        );
+        c2s.offer(Instant::now(), chunk.clone());
+        assert!(
+            woken(&rx).await,
+            "a backlog of client bytes wakes the receiver"
+        );
+        drop(c2s);
+        drop(s2c);
     }
 }

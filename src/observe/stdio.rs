@@ -344,12 +344,15 @@ fn slice_or_copy(chunk: &bytes::Bytes, f: &[u8]) -> bytes::Bytes {
 /// arrives meanwhile.
 pub const TAP_LINGER: Duration = Duration::from_millis(2);
 
-/// A look after a linger that completes at most this many frames ends the lingering: the
-/// traffic is sparse (a call's request or answer, one at a time), and lingering again would only
-/// cost a timer wake-up with nothing to take. The observer sleeps until the next offer instead.
-/// With calls 5–20 ms apart it woke 2.0–2.2 times a call before, 1.8 with this
-/// (`bench/spaced_calls.py`). Frames, not chunks: in a burst one chunk (one read) holds hundreds
-/// of frames, and counted in chunks a burst looked sparse.
+/// A look that completes at most this many frames, after a linger or after a sleep of at least
+/// [`TAP_LINGER`], does not linger: the traffic is sparse (a call at a time), and lingering
+/// would only cost a timer wake-up with nothing to take. The observer sleeps until the next
+/// offer instead. With calls 5–20 ms apart it woke 2.0–2.2 times a call when every look
+/// lingered; 1.8 once a look after a linger stopped; about one, the answer's, once a look after
+/// a long sleep stopped too and a request alone stopped waking it (`bench/spaced_calls.py`,
+/// `crate::tap::CLIENT_WAKE_BYTES`). A look after a short sleep lingers: calls come densely,
+/// and one wake-up per answer would cost more than a linger. Frames, not chunks: in a burst one
+/// chunk (one read) holds hundreds of frames, and counted in chunks a burst looked sparse.
 pub const SPARSE_LOOK: usize = 2;
 
 /// Most frames observed between two yields to the runtime. The reporter runs on the same
@@ -525,6 +528,8 @@ pub async fn run_tap_observer_with<S: EventSink>(
     // Whether this look follows a linger (see SPARSE_LOOK).
     let mut lingered = false;
     let cut = 'observe: loop {
+        // How long the observer slept before this look, if it slept (see SPARSE_LOOK).
+        let mut slept = None;
         let got = match rx.drain(&mut batch) {
             Drained::Empty => {
                 let nothing_held = reorder.is_empty()
@@ -533,10 +538,13 @@ pub async fn run_tap_observer_with<S: EventSink>(
                     && observer.early.is_empty();
                 progress.set_idle(nothing_held, &observer.stats);
                 let wake_at = reorder.deadline().map_or(next_tick, |h| h.min(next_tick));
-                tokio::select! {
+                let asleep = Instant::now();
+                let got = tokio::select! {
                     got = rx.recv_many(&mut batch) => got,
                     _ = tokio::time::sleep_until(wake_at.into()) => Drained::Empty,
-                }
+                };
+                slept = Some(asleep.elapsed());
+                got
             }
             got => got,
         };
@@ -619,7 +627,8 @@ pub async fn run_tap_observer_with<S: EventSink>(
             &mut pace,
         )
         .await;
-        let sparse = lingered && frames <= SPARSE_LOOK;
+        let sparse =
+            frames <= SPARSE_LOOK && (lingered || slept.is_some_and(|slept| slept >= TAP_LINGER));
         lingered = worked && !closing && !sparse;
         if lingered {
             // Linger (see TAP_LINGER); a closing sender cuts it short.
