@@ -27,6 +27,8 @@ pub struct ObserveArgs {
     pub org: Option<String>,
 
     /// Actor id put on every event [env: BOUNDED_ACTOR] [default: mcp:<keyId>]
+    // The line above is `--help`'s text, as clap prints it: not a link, not HTML.
+    #[allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
     #[arg(long, value_name = "ID")]
     pub actor: Option<String>,
 

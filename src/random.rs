@@ -45,7 +45,7 @@ thread_local! {
 
 /// `N` bytes from the OS generator, through this thread's pool: each byte is handed out once,
 /// and the pool is refilled whole from the OS when it runs short, so an id is as random as one
-/// drawn alone. For ids only (`N` ≤ 64); keys and secrets draw with [`bytes`].
+/// drawn alone. For ids only (`N` ≤ 64); keys and secrets draw with [`bytes`](fn@bytes).
 pub fn pooled<const N: usize>() -> Result<[u8; N], Unavailable> {
     const { assert!(N <= 64) };
     let mut b = [0u8; N];

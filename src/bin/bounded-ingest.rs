@@ -84,9 +84,13 @@ enum Command {
         #[arg(long, value_name = "PEM")]
         db_ca: Option<PathBuf>,
         /// File holding the token signing secret (32 bytes, base64; `bounded-ingest secret signing` makes one), shared by every replica; read, never created [env: BOUNDED_INGEST_SIGNING_SECRET, or a file in BOUNDED_INGEST_SIGNING_SECRET_FILE] [default with SQLite: <db>.signing-key, generated]
+        // The line above is `--help`'s text, as clap prints it: not HTML.
+        #[allow(rustdoc::invalid_html_tags)]
         #[arg(long, value_name = "PATH")]
         signing_secret_file: Option<PathBuf>,
         /// File holding the admin secret (16 characters or more), shared by every replica; read, never created [env: BOUNDED_INGEST_ADMIN_SECRET, or a file in BOUNDED_INGEST_ADMIN_SECRET_FILE] [default with SQLite: <db>.admin-secret, generated]
+        // The line above is `--help`'s text, as clap prints it: not HTML.
+        #[allow(rustdoc::invalid_html_tags)]
         #[arg(long, value_name = "PATH")]
         admin_secret_file: Option<PathBuf>,
         /// Most connections open at once; one more is closed as soon as it is accepted [env: BOUNDED_INGEST_MAX_CONNECTIONS] [default: 1024]
@@ -168,6 +172,8 @@ struct AdminArgs {
     #[arg(long, value_name = "PATH")]
     admin_secret_file: Option<PathBuf>,
     /// SQLite database whose `<db>.admin-secret` file is read when no admin secret is given (never opened; with a postgres:// URL the secret must be given) [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
+    // The line above is `--help`'s text, as clap prints it: not HTML.
+    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, value_name = "PATH|URL", value_parser = parse_db)]
     db: Option<DbArg>,
     /// PEM file of a private CA to trust for an https:// ingest, besides the system's roots [env: BOUNDED_INGEST_CA]

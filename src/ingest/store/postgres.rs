@@ -13,7 +13,7 @@
 //! in the clear).
 //!
 //! [`PgStore`] is the [`Store`] over this schema: batches arriving together are committed in one
-//! transaction ([`write`]: group commit), each still whole or not at all, de-duplicated on
+//! transaction ([`write`](mod@write): group commit), each still whole or not at all, de-duplicated on
 //! `(org, id)` by the database, so a batch retried against another replica stores nothing twice.
 //! `bounded-ingest serve --db postgres://…` selects it.
 
@@ -462,7 +462,7 @@ const POOL_SIZE: usize = 8;
 /// and the batch still wins.
 pub struct PgStore {
     pool: deadpool_postgres::Pool,
-    /// Batches are written through it, grouped (see [`write`]).
+    /// Batches are written through it, grouped (see [`write`](mod@write)).
     writer: write::GroupWriter,
 }
 
