@@ -144,10 +144,10 @@ pub const TAP_BUDGET_BYTES: usize = 8 * 1024 * 1024;
 /// than its answer: the answer's chunk wakes the observer, which then takes both, so a call
 /// that comes alone costs one wake-up instead of two (`bench/README.md`, "One wake-up a
 /// call"). Timestamps are the relay's, so no `dur_ms` changes. What else a client sends alone
-/// (a notification, its answer to a server's request) is observed at the next server chunk, the
-/// observer's next timeout check (once a second) or the session's end; a client that sends much while the
-/// server is silent (a flood of calls it never answers) wakes the observer at this backlog, far
-/// below the budget.
+/// (a notification, its answer to a server's request) is observed at the next server chunk,
+/// the observer's next timeout check (once a second) or the session's end; a client that sends
+/// much while the server is silent (a flood of calls it never answers) wakes the observer at
+/// this backlog, far below the budget.
 pub const CLIENT_WAKE_BYTES: usize = 256 * 1024;
 
 /// What one queued chunk costs beyond its bytes (queue slot, `Bytes` header, allocator
@@ -449,10 +449,10 @@ impl TapSender {
 
     /// Hands forwarded bytes to the observer (the relay's own buffer, no copy). Never blocks on
     /// the observer (the lock is held only for queue pushes) and wakes it only if it is asleep
-    /// waiting for work (a client's chunk only past [`CLIENT_WAKE_BYTES`]); counts a drop when the chunk or byte bound is reached. The middle of a
-    /// large frame is held back and skipped (see [`Trim`]). Returns the bytes read so far of
-    /// the frame still open after this chunk (0 with trimming off): how the relay tells a large
-    /// message in progress.
+    /// waiting for work (a client's chunk only past [`CLIENT_WAKE_BYTES`]); counts a drop when
+    /// the chunk or byte bound is reached. The middle of a large frame is held back and skipped
+    /// (see [`Trim`]). Returns the bytes read so far of the frame still open after this chunk
+    /// (0 with trimming off): how the relay tells a large message in progress.
     pub fn offer(&mut self, seen: Instant, bytes: Bytes) -> u64 {
         let i = self.dir.index();
         let stats = &self.shared.stats;
