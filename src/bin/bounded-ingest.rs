@@ -172,8 +172,6 @@ struct AdminArgs {
     #[arg(long, value_name = "PATH")]
     admin_secret_file: Option<PathBuf>,
     /// SQLite database whose `<db>.admin-secret` file is read when no admin secret is given (never opened; with a postgres:// URL the secret must be given) [env: BOUNDED_INGEST_DB] [default: bounded-ingest.db]
-    // The line above is `--help`'s text, as clap prints it: not HTML.
-    #[allow(rustdoc::invalid_html_tags)]
     #[arg(long, value_name = "PATH|URL", value_parser = parse_db)]
     db: Option<DbArg>,
     /// PEM file of a private CA to trust for an https:// ingest, besides the system's roots [env: BOUNDED_INGEST_CA]
