@@ -722,14 +722,19 @@ mod tests {
         }
     }
 
-    /// The head of POST `ex`, with no session.
-    fn post(ex: u64) -> ExchangeMsg {
+    /// The head of request `ex` of `kind`, with no session.
+    fn request(ex: u64, kind: ReqKind) -> ExchangeMsg {
         ExchangeMsg::Request {
             ex,
-            kind: ReqKind::Post,
+            kind,
             session: None,
             traceparent: None,
         }
+    }
+
+    /// The head of POST `ex`, with no session.
+    fn post(ex: u64) -> ExchangeMsg {
+        request(ex, ReqKind::Post)
     }
 
     /// The head of `ex`'s answer, with no session.
@@ -847,21 +852,11 @@ mod tests {
         let mut w = watcher();
         w.stats = rx.stats();
         let mut offered = 0;
-        while tx.offer(ExchangeMsg::Request {
-            ex: offered,
-            kind: ReqKind::Get,
-            session: None,
-            traceparent: None,
-        }) {
+        while tx.offer(request(offered, ReqKind::Get)) {
             offered += 1;
         }
         for kind in [ReqKind::Post, ReqKind::Post, ReqKind::Delete] {
-            assert!(!tx.offer(ExchangeMsg::Request {
-                ex: offered,
-                kind,
-                session: None,
-                traceparent: None,
-            }));
+            assert!(!tx.offer(request(offered, kind)));
         }
         w.account_drops();
         w.account_drops();
@@ -1076,14 +1071,7 @@ mod tests {
         });
         w.handle(chunk(Direction::ClientToServer, CALL, false));
         w.handle(end(Direction::ClientToServer));
-        w.handle(ExchangeMsg::Response {
-            ex: 1,
-            status: 200,
-            session: None,
-            content_type: Some(HeaderValue::from_static("application/json")),
-            content_encoding: None,
-            seen: Instant::now(),
-        });
+        w.handle(answer_head(1, 200, "application/json"));
         w
     }
 
@@ -1107,12 +1095,7 @@ mod tests {
         let mut w = call_answered_with_json_head();
         // The body's chunks and its end were all dropped; the next message is another POST's.
         w.stats.dropped.fetch_add(2, Ordering::Relaxed);
-        w.handle(ExchangeMsg::Request {
-            ex: 2,
-            kind: ReqKind::Post,
-            session: None,
-            traceparent: None,
-        });
+        w.handle(post(2));
         w.observer.on_tick(Instant::now() + Duration::from_secs(31));
         assert_eq!(w.observer.open_actions(), 0);
         let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
