@@ -21,13 +21,12 @@
 //! cannot tell whose message was lost. A POST whose request body (or its end, or its head) was
 //! lost counts as one unobserved call: the server got it, the observer never read it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::HeaderValue;
-use tokio::sync::mpsc::error::TryRecvError;
 
 use super::frame::{Message, MessageBuf, SUMMARIZE};
 use super::peek::RpcId;
@@ -35,7 +34,7 @@ use super::sse::SseParser;
 use super::{EndCause, Observer, StreamId, TICK};
 use crate::event::EventSink;
 use crate::tap::http::{BodyEnd, BodyKind, ExchangeMsg, ExchangeReceiver, ExchangeStats, ReqKind};
-use crate::tap::Direction;
+use crate::tap::{Direction, Drained};
 
 /// Largest JSON body (request, or `application/json` response) held whole for parsing when it
 /// is not a JSON object (a batch): a larger one is relayed and counted, not parsed. A JSON
@@ -54,11 +53,18 @@ const MAX_SESSIONS: usize = 4096;
 /// 64 bits, enough to tell sessions apart, too short to be mistaken for the id itself.
 const SESSION_HASH_HEX: usize = 16;
 
-/// How long the observation task lets messages gather before reading them again. Short
-/// against any call's duration (timings are stamped on the relay, not here), long enough to
-/// batch a burst; at [`crate::tap::http::EXCHANGE_CAPACITY`] messages per window the channel
-/// cannot fill on loopback speeds of small messages, and large bodies arrive in large chunks.
+/// How long the observation task lets messages gather before reading them again while answers
+/// come densely. Short against any call's duration (timings are stamped on the relay, not
+/// here), long enough to batch a burst; at [`crate::tap::http::EXCHANGE_CAPACITY`] messages per
+/// window the queue cannot fill on loopback speeds of small messages, and large bodies arrive in
+/// large chunks.
 const BATCH_WINDOW: Duration = Duration::from_millis(1);
+
+/// A look that ends at most this many answers, after a sleep or a linger of at least
+/// [`BATCH_WINDOW`], does not linger: answers come a call at a time, and a linger would cost a
+/// second wake-up per call (the stdio observer's rule, `super::stdio::SPARSE_LOOK`). The
+/// sender wakes the task for an answer's end, so a call made alone is one look.
+const SPARSE_ANSWERS: usize = 1;
 
 /// Names sessions in events: HMAC-SHA-256 of the raw `Mcp-Session-Id` under a key drawn at
 /// random when the process starts and never stored or sent, short lower-case hex. Unkeyed, a
@@ -209,29 +215,41 @@ pub async fn run<S: EventSink>(
     let mut w = Watcher::new(observer, rx.stats());
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut batch = VecDeque::new();
     'run: loop {
-        tokio::select! {
-            msg = rx.recv() => match msg {
-                Some(m) => w.handle(m),
-                None => break,
-            },
+        let asleep = Instant::now();
+        let mut found = tokio::select! {
+            found = rx.recv_many(&mut batch) => found,
             _ = tick.tick() => {
                 w.account_drops();
                 w.observer.on_tick(Instant::now());
                 w.observer.sync_health(w.stats.dropped_bytes.load(Ordering::Relaxed));
+                // What queued without waking the task (a stream's events, open requests).
+                rx.drain(&mut batch)
             }
-        }
-        // Drain what queued meanwhile, then pause briefly without waiting on the channel:
-        // messages sent during the pause wake no one, so the relay pays for about one
-        // cross-thread wake-up per batch instead of one per message.
+        };
+        let slept = asleep.elapsed();
+        let mut lingered = false;
         loop {
-            match rx.try_recv() {
-                Ok(m) => w.handle(m),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => break 'run,
+            match found {
+                Drained::Closed => break 'run,
+                Drained::Empty => break,
+                Drained::Some => {}
             }
+            let mut answers = 0;
+            for m in batch.drain(..) {
+                answers += usize::from(m.ends_an_answer());
+                w.handle(m);
+            }
+            if answers <= SPARSE_ANSWERS && (lingered || slept >= BATCH_WINDOW) {
+                break;
+            }
+            // Pause without waiting on the queue: offers made meanwhile wake no one, so while
+            // answers come densely the relay pays about one cross-thread wake-up per batch.
+            tokio::time::sleep(BATCH_WINDOW).await;
+            lingered = true;
+            found = rx.drain(&mut batch);
         }
-        tokio::time::sleep(BATCH_WINDOW).await;
     }
     w.account_drops();
     // Whatever is still open ended with the process.

@@ -1,28 +1,33 @@
 //! The HTTP hand-off: how forwarded exchanges reach the HTTP observer without slowing the relay.
 //!
-//! Owns the bounded channel between the forwarding path and the observation task
+//! Owns the bounded queue between the forwarding path and the observation task
 //! ([`ExchangeSender`], [`ExchangeReceiver`]), what travels on it ([`ExchangeMsg`]: heads' metadata,
 //! body chunks, ends, each stamped on the relay), and the one classification of a body by its
 //! `Content-Type` and `Content-Encoding` ([`BodyKind`]) that both sides use, so the relay copies
 //! exactly the bodies the observer reads. The stdio relay's counterpart is the tap itself
-//! ([`super`]); a message-based channel here, because an exchange has heads and ends to report.
-//! Must never block (a full channel is a counted drop, the next chunk marked `after_gap`), never
-//! parse a body, and never import the observer, events or the reporter: the relay stays free of
-//! them.
+//! ([`super`]); a queue of messages here, because an exchange has heads and ends to report.
+//! As in the tap, a sender wakes the observer only when it is asleep, and then only for what
+//! needs it: an answer's end, a failure, or a backlog ([`WAKE_MESSAGES`], [`WAKE_BYTES`]); a
+//! request and the heads and chunks before its answer's end wait for it, so a call costs the
+//! observer one wake-up, not one per message. Must never block (a full queue is a counted drop,
+//! the next chunk marked `after_gap`), never parse a body, and never import the observer, events
+//! or the reporter: the relay stays free of them.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, CONTENT_ENCODING, CONTENT_TYPE};
+use http::HeaderValue;
+use tokio::sync::Notify;
+
+use super::{Direction, Drained};
+use crate::lock::lock;
 
 /// The W3C trace context request header, handed on for observation only.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
-use http::HeaderValue;
-use tokio::sync::mpsc;
-
-use super::Direction;
 
 /// Messages in flight between the forwarding path and the observation task. A body chunk is one
 /// read, and holds the buffer it was read into until observed: an answer's at most 64 KiB (the
@@ -30,6 +35,16 @@ use super::Direction;
 /// ~400 KiB. So a lagging observer holds at most 16 MiB of answers (up to ~100 MiB only while
 /// large uploads stream in); past that the forwarding path drops and counts.
 pub const EXCHANGE_CAPACITY: usize = 256;
+
+/// Messages queued that wake a sleeping observer though no answer has ended: requests the
+/// upstream has not answered yet, or a long event stream, are taken in batches of about this
+/// many, well before the queue is full.
+pub const WAKE_MESSAGES: usize = EXCHANGE_CAPACITY / 4;
+
+/// Body bytes queued that wake a sleeping observer though no answer has ended, as the stdio
+/// tap's client chunks do (the same figure): a large upload or answer is taken as it streams,
+/// not held whole in the queue.
+pub const WAKE_BYTES: usize = super::CLIENT_WAKE_BYTES;
 
 /// The HTTP method of an exchange, as far as observation cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +95,20 @@ pub enum ExchangeMsg {
     Unreachable { ex: u64, seen: Instant },
 }
 
+impl ExchangeMsg {
+    /// Whether this ends an answer: its body's end, or the upstream's failure to give one. Such
+    /// a message wakes a sleeping observer (see [`ExchangeSender::offer`]).
+    pub fn ends_an_answer(&self) -> bool {
+        matches!(
+            self,
+            ExchangeMsg::End {
+                dir: Direction::ServerToClient,
+                ..
+            } | ExchangeMsg::Unreachable { .. }
+        )
+    }
+}
+
 /// How a forwarded body ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyEnd {
@@ -101,75 +130,187 @@ pub struct ExchangeStats {
     pub dropped_posts: AtomicU64,
 }
 
+/// The queue shared by the senders and the receiver.
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the observer: only when it said it is waiting (see [`ExchangeSender::offer`]), and
+    /// when the last sender goes away.
+    wake: Notify,
+}
+
+struct Queue {
+    msgs: VecDeque<ExchangeMsg>,
+    /// Body bytes in `msgs` (see [`WAKE_BYTES`]).
+    bytes: usize,
+    senders: usize,
+    /// The observer found the queue empty and is about to sleep until woken.
+    waiting: bool,
+    /// The receiver is gone: every offer is refused, and counted as a drop.
+    closed: bool,
+}
+
 /// The forwarding path's handle: cheap to clone, never blocks.
-#[derive(Clone)]
 pub struct ExchangeSender {
-    tx: mpsc::Sender<ExchangeMsg>,
+    shared: Arc<Shared>,
     pub stats: Arc<ExchangeStats>,
 }
 
+impl Clone for ExchangeSender {
+    fn clone(&self) -> Self {
+        lock(&self.shared.queue).senders += 1;
+        ExchangeSender {
+            shared: self.shared.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+impl Drop for ExchangeSender {
+    fn drop(&mut self) {
+        let last = {
+            let mut q = lock(&self.shared.queue);
+            q.senders -= 1;
+            q.senders == 0
+        };
+        // Only the last one: the forwarding path holds a sender per exchange, and a wake-up at
+        // each one's end would be a look per request besides the one for its answer.
+        if last {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
 impl ExchangeSender {
-    /// Offers a message; a full channel is counted, never waited on. Returns whether it went.
+    /// Offers a message; a full queue is counted, never waited on. Returns whether it went.
+    /// Wakes a sleeping observer only for an answer's end, an unreachable upstream, or a backlog
+    /// of [`WAKE_MESSAGES`] or [`WAKE_BYTES`]: what comes before an answer's end is read with it.
     pub fn offer(&self, msg: ExchangeMsg) -> bool {
         let len = match &msg {
-            ExchangeMsg::Chunk { bytes, .. } => bytes.len() as u64,
+            ExchangeMsg::Chunk { bytes, .. } => bytes.len(),
             _ => 0,
         };
-        match self.tx.try_send(msg) {
-            Ok(()) => {
+        let ends_an_answer = msg.ends_an_answer();
+        let refused = {
+            let mut q = lock(&self.shared.queue);
+            if q.closed || q.msgs.len() >= EXCHANGE_CAPACITY {
+                Err(msg)
+            } else {
+                q.msgs.push_back(msg);
+                q.bytes += len;
+                let wake = q.waiting
+                    && (ends_an_answer || q.msgs.len() >= WAKE_MESSAGES || q.bytes >= WAKE_BYTES);
+                if wake {
+                    q.waiting = false;
+                }
+                Ok(wake)
+            }
+        };
+        match refused {
+            Ok(wake) => {
                 self.stats.sent.fetch_add(1, Ordering::Relaxed);
+                if wake {
+                    self.shared.wake.notify_one();
+                }
                 true
             }
-            Err(e) => {
+            Err(msg) => {
                 if let ExchangeMsg::Request {
                     kind: ReqKind::Post,
                     ..
-                } = e.into_inner()
+                } = msg
                 {
                     self.stats.dropped_posts.fetch_add(1, Ordering::Relaxed);
                 }
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                self.stats.dropped_bytes.fetch_add(len, Ordering::Relaxed);
+                self.stats
+                    .dropped_bytes
+                    .fetch_add(len as u64, Ordering::Relaxed);
                 false
             }
         }
     }
 }
 
-/// The observation task's end of the channel; shares the drop counter, so the task knows when
+/// The observation task's end of the queue; shares the drop counter, so the task knows when
 /// a message it was owed never came.
 pub struct ExchangeReceiver {
-    rx: mpsc::Receiver<ExchangeMsg>,
+    shared: Arc<Shared>,
     stats: Arc<ExchangeStats>,
 }
 
 impl ExchangeReceiver {
-    /// The next message; `None` once every sender is gone and the channel is empty.
-    pub async fn recv(&mut self) -> Option<ExchangeMsg> {
-        self.rx.recv().await
+    /// Moves everything queued into `out` (which should be empty; its allocation is reused).
+    pub fn drain(&mut self, out: &mut VecDeque<ExchangeMsg>) -> Drained {
+        Self::take(&mut lock(&self.shared.queue), out)
     }
 
-    /// A message already queued, without waiting.
-    pub fn try_recv(&mut self) -> Result<ExchangeMsg, mpsc::error::TryRecvError> {
-        self.rx.try_recv()
+    /// Like [`ExchangeReceiver::drain`], but when nothing is queued it sleeps until an offer
+    /// that wakes it (see [`ExchangeSender::offer`]) or the last sender goes away. Returns
+    /// [`Drained::Closed`] once every sender is gone and the queue is empty.
+    pub async fn recv_many(&mut self, out: &mut VecDeque<ExchangeMsg>) -> Drained {
+        loop {
+            {
+                let mut q = lock(&self.shared.queue);
+                match Self::take(&mut q, out) {
+                    Drained::Empty => q.waiting = true,
+                    found => {
+                        q.waiting = false;
+                        return found;
+                    }
+                }
+            }
+            // A notify_one between the unlock and this await leaves a permit: nothing is missed.
+            self.shared.wake.notified().await;
+        }
     }
 
-    /// The channel's counters, as the senders update them.
+    fn take(q: &mut Queue, out: &mut VecDeque<ExchangeMsg>) -> Drained {
+        if !q.msgs.is_empty() {
+            std::mem::swap(&mut q.msgs, out);
+            q.bytes = 0;
+            Drained::Some
+        } else if q.senders == 0 {
+            Drained::Closed
+        } else {
+            Drained::Empty
+        }
+    }
+
+    /// The queue's counters, as the senders update them.
     pub fn stats(&self) -> Arc<ExchangeStats> {
         self.stats.clone()
     }
 }
 
+impl Drop for ExchangeReceiver {
+    fn drop(&mut self) {
+        // Nobody will read what is queued: free its buffers now, and refuse what would follow.
+        let mut q = lock(&self.shared.queue);
+        q.closed = true;
+        q.msgs.clear();
+        q.bytes = 0;
+    }
+}
+
 /// A hand-off holding at most [`EXCHANGE_CAPACITY`] messages.
 pub fn channel() -> (ExchangeSender, ExchangeReceiver) {
-    let (tx, rx) = mpsc::channel(EXCHANGE_CAPACITY);
+    let shared = Arc::new(Shared {
+        queue: Mutex::new(Queue {
+            msgs: VecDeque::new(),
+            bytes: 0,
+            senders: 1,
+            waiting: false,
+            closed: false,
+        }),
+        wake: Notify::new(),
+    });
     let stats = Arc::new(ExchangeStats::default());
     (
         ExchangeSender {
-            tx,
+            shared: shared.clone(),
             stats: stats.clone(),
         },
-        ExchangeReceiver { rx, stats },
+        ExchangeReceiver { shared, stats },
     )
 }
 
@@ -252,6 +393,165 @@ fn is_json(essence: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether the receiver, asleep as [`ExchangeReceiver::recv_many`] leaves it, is woken soon.
+    async fn woken(rx: &ExchangeReceiver) -> bool {
+        let short = std::time::Duration::from_millis(50);
+        tokio::time::timeout(short, rx.shared.wake.notified())
+            .await
+            .is_ok()
+    }
+
+    /// Finds the queue empty and goes to sleep, as the observer does.
+    fn asleep(rx: &mut ExchangeReceiver) {
+        assert_eq!(rx.drain(&mut VecDeque::new()), Drained::Empty);
+        lock(&rx.shared.queue).waiting = true;
+    }
+
+    fn chunk(dir: Direction, n: usize) -> ExchangeMsg {
+        ExchangeMsg::Chunk {
+            ex: 1,
+            dir,
+            seen: Instant::now(),
+            bytes: Bytes::from(vec![b'x'; n]),
+            after_gap: false,
+        }
+    }
+
+    fn end(dir: Direction) -> ExchangeMsg {
+        ExchangeMsg::End {
+            ex: 1,
+            dir,
+            seen: Instant::now(),
+            how: BodyEnd::Complete,
+        }
+    }
+
+    fn post() -> ExchangeMsg {
+        ExchangeMsg::Request {
+            ex: 1,
+            kind: ReqKind::Post,
+            session: None,
+            traceparent: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_wakes_a_sleeping_receiver_once_at_its_answers_end() {
+        let (tx, mut rx) = channel();
+        asleep(&mut rx);
+        let (c2s, s2c) = (Direction::ClientToServer, Direction::ServerToClient);
+        let response = ExchangeMsg::Response {
+            ex: 1,
+            status: 200,
+            session: None,
+            content_type: None,
+            content_encoding: None,
+            seen: Instant::now(),
+        };
+        for msg in [post(), chunk(c2s, 100), end(c2s), response, chunk(s2c, 100)] {
+            assert!(tx.offer(msg));
+        }
+        assert!(!woken(&rx).await, "a request and a partial answer wait");
+        assert!(tx.offer(end(s2c)));
+        assert!(woken(&rx).await, "the answer's end wakes the receiver");
+        let mut out = VecDeque::new();
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        assert_eq!(
+            out.len(),
+            6,
+            "everything before the end comes with it, in order"
+        );
+        assert!(matches!(out[0], ExchangeMsg::Request { .. }));
+        assert!(out[5].ends_an_answer());
+
+        asleep(&mut rx);
+        assert!(tx.offer(ExchangeMsg::Unreachable {
+            ex: 2,
+            seen: Instant::now()
+        }));
+        assert!(
+            woken(&rx).await,
+            "an unreachable upstream ends the answer too"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_backlog_wakes_a_sleeping_receiver() {
+        let (tx, mut rx) = channel();
+        let mut out = VecDeque::new();
+        asleep(&mut rx);
+        for _ in 1..WAKE_MESSAGES {
+            assert!(tx.offer(post()));
+        }
+        assert!(!woken(&rx).await, "below the backlog: still asleep");
+        assert!(tx.offer(post()));
+        assert!(woken(&rx).await, "a backlog of messages wakes the receiver");
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        assert_eq!(out.len(), WAKE_MESSAGES);
+        out.clear();
+
+        asleep(&mut rx);
+        let size = 64 * 1024;
+        for _ in 1..WAKE_BYTES / size {
+            assert!(tx.offer(chunk(Direction::ClientToServer, size)));
+        }
+        assert!(!woken(&rx).await, "below the byte backlog: still asleep");
+        assert!(tx.offer(chunk(Direction::ClientToServer, size)));
+        assert!(
+            woken(&rx).await,
+            "a backlog of body bytes wakes the receiver"
+        );
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        out.clear();
+
+        asleep(&mut rx);
+        assert!(tx.offer(post()));
+        assert!(
+            !woken(&rx).await,
+            "what was taken no longer counts towards the backlog"
+        );
+    }
+
+    #[tokio::test]
+    async fn only_the_last_sender_gone_wakes_and_closes() {
+        let (tx, mut rx) = channel();
+        let per_exchange = tx.clone();
+        asleep(&mut rx);
+        drop(per_exchange);
+        assert!(!woken(&rx).await, "one exchange's sender ending is no news");
+        assert_eq!(rx.drain(&mut VecDeque::new()), Drained::Empty);
+        assert!(tx.offer(post()));
+        drop(tx);
+        let mut out = VecDeque::new();
+        assert_eq!(rx.recv_many(&mut out).await, Drained::Some);
+        assert_eq!(out.len(), 1, "what was queued is still read");
+        out.clear();
+        assert_eq!(rx.recv_many(&mut out).await, Drained::Closed);
+    }
+
+    #[test]
+    fn a_full_or_abandoned_queue_refuses_and_counts() {
+        let (tx, rx) = channel();
+        let mut sent = 0;
+        while tx.offer(post()) {
+            sent += 1;
+        }
+        assert_eq!(sent, EXCHANGE_CAPACITY);
+        assert!(!tx.offer(chunk(Direction::ServerToClient, 10)));
+        let stats = rx.stats();
+        assert_eq!(stats.dropped.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.dropped_posts.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.dropped_bytes.load(Ordering::Relaxed), 10);
+
+        drop(rx);
+        assert!(
+            lock(&tx.shared.queue).msgs.is_empty(),
+            "the receiver's end frees what it will never read"
+        );
+        assert!(!tx.offer(post()), "nobody reads past the receiver's end");
+        assert_eq!(stats.dropped.load(Ordering::Relaxed), 3);
+    }
 
     fn kind(content_type: Option<&'static str>, encoding: Option<&'static str>) -> BodyKind {
         BodyKind::of(
