@@ -678,6 +678,7 @@ mod tests {
     use super::*;
     use crate::event::Event;
     use crate::observe::{ObserverConfig, ObserverStats, Transport};
+    use crate::tap::http::tests::{end, post, request};
     use bytes::Bytes;
 
     #[test]
@@ -729,30 +730,6 @@ mod tests {
             bytes: Bytes::from_static(bytes),
             after_gap,
         }
-    }
-
-    fn end(dir: Direction) -> ExchangeMsg {
-        ExchangeMsg::End {
-            ex: 1,
-            dir,
-            seen: Instant::now(),
-            how: BodyEnd::Complete,
-        }
-    }
-
-    /// The head of request `ex` of `kind`, with no session.
-    fn request(ex: u64, kind: ReqKind) -> ExchangeMsg {
-        ExchangeMsg::Request {
-            ex,
-            kind,
-            session: None,
-            traceparent: None,
-        }
-    }
-
-    /// The head of POST `ex`, with no session.
-    fn post(ex: u64) -> ExchangeMsg {
-        request(ex, ReqKind::Post)
     }
 
     /// The head of `ex`'s answer, with no session.

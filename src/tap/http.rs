@@ -391,7 +391,7 @@ fn is_json(essence: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Whether the receiver, asleep as [`ExchangeReceiver::recv_many`] leaves it, is woken soon.
@@ -418,7 +418,8 @@ mod tests {
         }
     }
 
-    fn end(dir: Direction) -> ExchangeMsg {
+    /// Exchange 1's body in `dir` ended complete (the observer's tests use it too).
+    pub(crate) fn end(dir: Direction) -> ExchangeMsg {
         ExchangeMsg::End {
             ex: 1,
             dir,
@@ -427,13 +428,19 @@ mod tests {
         }
     }
 
-    fn post() -> ExchangeMsg {
+    /// The head of request `ex` of `kind`, with no session.
+    pub(crate) fn request(ex: u64, kind: ReqKind) -> ExchangeMsg {
         ExchangeMsg::Request {
-            ex: 1,
-            kind: ReqKind::Post,
+            ex,
+            kind,
             session: None,
             traceparent: None,
         }
+    }
+
+    /// The head of POST `ex`, with no session.
+    pub(crate) fn post(ex: u64) -> ExchangeMsg {
+        request(ex, ReqKind::Post)
     }
 
     #[tokio::test]
@@ -449,7 +456,13 @@ mod tests {
             content_encoding: None,
             seen: Instant::now(),
         };
-        for msg in [post(), chunk(c2s, 100), end(c2s), response, chunk(s2c, 100)] {
+        for msg in [
+            post(1),
+            chunk(c2s, 100),
+            end(c2s),
+            response,
+            chunk(s2c, 100),
+        ] {
             assert!(tx.offer(msg));
         }
         assert!(!woken(&rx).await, "a request and a partial answer wait");
@@ -482,10 +495,10 @@ mod tests {
         let mut out = VecDeque::new();
         asleep(&mut rx);
         for _ in 1..WAKE_MESSAGES {
-            assert!(tx.offer(post()));
+            assert!(tx.offer(post(1)));
         }
         assert!(!woken(&rx).await, "below the backlog: still asleep");
-        assert!(tx.offer(post()));
+        assert!(tx.offer(post(1)));
         assert!(woken(&rx).await, "a backlog of messages wakes the receiver");
         assert_eq!(rx.drain(&mut out), Drained::Some);
         assert_eq!(out.len(), WAKE_MESSAGES);
@@ -506,7 +519,7 @@ mod tests {
         out.clear();
 
         asleep(&mut rx);
-        assert!(tx.offer(post()));
+        assert!(tx.offer(post(1)));
         assert!(
             !woken(&rx).await,
             "what was taken no longer counts towards the backlog"
@@ -521,7 +534,7 @@ mod tests {
         drop(per_exchange);
         assert!(!woken(&rx).await, "one exchange's sender ending is no news");
         assert_eq!(rx.drain(&mut VecDeque::new()), Drained::Empty);
-        assert!(tx.offer(post()));
+        assert!(tx.offer(post(1)));
         drop(tx);
         let mut out = VecDeque::new();
         assert_eq!(rx.recv_many(&mut out).await, Drained::Some);
@@ -534,7 +547,7 @@ mod tests {
     fn a_full_or_abandoned_queue_refuses_and_counts() {
         let (tx, rx) = channel();
         let mut sent = 0;
-        while tx.offer(post()) {
+        while tx.offer(post(1)) {
             sent += 1;
         }
         assert_eq!(sent, EXCHANGE_CAPACITY);
@@ -549,7 +562,7 @@ mod tests {
             lock(&tx.shared.queue).msgs.is_empty(),
             "the receiver's end frees what it will never read"
         );
-        assert!(!tx.offer(post()), "nobody reads past the receiver's end");
+        assert!(!tx.offer(post(1)), "nobody reads past the receiver's end");
         assert_eq!(stats.dropped.load(Ordering::Relaxed), 3);
     }
 
