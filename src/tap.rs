@@ -615,6 +615,8 @@ impl TapReceiver {
     /// Moves everything queued into `out` (which should be empty; its allocation is reused).
     pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
         let mut q = lock(&self.shared.state);
+        // Whoever drains is awake: a sleep that a timer ended, not an offer, leaves the flag set.
+        q.waiting = false;
         if q.take_all(out) {
             return Drained::Some;
         }
@@ -1064,6 +1066,20 @@ mod tests {
     async fn woken(rx: &TapReceiver) -> bool {
         let short = std::time::Duration::from_millis(50);
         tokio::time::timeout(short, rx.woken()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_receiver_that_drains_is_awake() {
+        let (c2s, mut s2c, mut rx, _stats) = tap(TAP_CAPACITY);
+        let mut out = VecDeque::new();
+        // Asleep, then woken by its timer (a deadline), not by an offer: it drains.
+        assert_eq!(rx.drain(&mut out), Drained::Empty);
+        lock(&rx.shared.state).waiting = true;
+        assert_eq!(rx.drain(&mut out), Drained::Empty);
+        s2c.offer(Instant::now(), Bytes::from_static(b"{\"id\":1}\n"));
+        assert!(!woken(&rx).await, "an awake receiver is not woken");
+        drop(c2s);
+        drop(s2c);
     }
 
     #[tokio::test]

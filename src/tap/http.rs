@@ -241,7 +241,10 @@ pub struct ExchangeReceiver {
 impl ExchangeReceiver {
     /// Moves everything queued into `out` (which should be empty; its allocation is reused).
     pub fn drain(&mut self, out: &mut VecDeque<ExchangeMsg>) -> Drained {
-        Self::take(&mut lock(&self.shared.queue), out)
+        let mut q = lock(&self.shared.queue);
+        // Whoever drains is awake: a sleep that the tick ended, not an offer, leaves the flag set.
+        q.waiting = false;
+        Self::take(&mut q, out)
     }
 
     /// Like [`ExchangeReceiver::drain`], but when nothing is queued it sleeps until an offer
@@ -487,6 +490,16 @@ pub(crate) mod tests {
             woken(&rx).await,
             "an unreachable upstream ends the answer too"
         );
+    }
+
+    #[tokio::test]
+    async fn a_receiver_that_drains_is_awake() {
+        let (tx, mut rx) = channel();
+        // Asleep, then woken by its timer (the tick), not by an offer: it drains.
+        asleep(&mut rx);
+        assert_eq!(rx.drain(&mut VecDeque::new()), Drained::Empty);
+        assert!(tx.offer(end(Direction::ServerToClient)));
+        assert!(!woken(&rx).await, "an awake receiver is not woken");
     }
 
     #[tokio::test]
