@@ -105,8 +105,8 @@ pub const DEFAULT_SERVER_NAME: &str = "mcp";
 pub struct BenchSwitches {
     /// `pacer`: the observer's slices and rests on a CPU shared with the relay (`crate::pace::Pacer`).
     pub pacer: bool,
-    /// `idle`: the observer's threads in the batch scheduling class at nice 19
-    /// (`crate::pace::lower_current_thread`).
+    /// `idle`: the observer's threads in the batch scheduling class, nine nice levels below the
+    /// wrapper's (`crate::pace::lower_current_thread`).
     pub idle: bool,
     /// `summary`: large JSON objects observed from their first and last bytes
     /// (`crate::observe::summary`). The tap's trimming only feeds it, so `summary` switches

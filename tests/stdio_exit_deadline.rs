@@ -1,7 +1,8 @@
 //! The wrapper's exit after a session is bounded by `--shutdown-flush-ms`, whatever the backlog
-//! and the load: with every CPU kept busy by normal-priority loops, the observer (at nice 19
-//! in the batch class) may never get through a 20,000-call burst, and the exit must not wait for
-//! it. What it could not observe makes no event, and no event claims a status it did not see.
+//! and the load: with every CPU kept busy by normal-priority loops, the observer (in the batch
+//! class, nine nice levels below the wrapper) may never get through a 20,000-call burst, and
+//! the exit must not wait for it. What it could not observe makes no event, and no event claims
+//! a status it did not see.
 //!
 //! Its own test binary: the busy loops would slow every other test running beside them.
 
@@ -23,7 +24,7 @@ const CALLS: usize = 20_000;
 const FLUSH_MS: u64 = 500;
 
 /// The bound the test holds the exit to: well above the flush, because the kernel may take a
-/// while to run an observer thread at nice 19 once more (it must, for the process to end; a few
+/// while to run a lowered observer thread once more (it must, for the process to end; a few
 /// hundred ms measured unprivileged, see README "Exit codes and lifecycle"), and the test
 /// machine may be loaded; well below what an exit that waited for the observer took (10–22 s
 /// here, never in the run the issue reports).

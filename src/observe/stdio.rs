@@ -15,7 +15,7 @@
 //! the observer leaves the rest of the backlog unread, and a call whose answer may be in it
 //! makes no event (counted as unobserved, as after a tap drop). [`Progress`] lets that thread
 //! see, without the observer's help, whether anything is left to wait for and how much traffic
-//! was never read: an observer at nice 19 in the batch class may not get the CPU again in time.
+//! was never read: an observer low in the batch class may not get the CPU again in time.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
