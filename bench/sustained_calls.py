@@ -23,34 +23,14 @@ compare them.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-INIT = (
-    b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
-    b'"capabilities":{},"clientInfo":{"name":"bench-driver","version":"1.0.0"}}}\n'
-)
-CALL = (
-    b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo",'
-    b'"arguments":{"amount_cents":4900,"currency":"EUR"}}}\n'
-)
-
-
-def mock_server() -> str:
-    """The newest stdio benchmark binary cargo built (it is also the mock server)."""
-    found = [
-        p
-        for p in glob.glob(os.path.join(ROOT, "target/release/deps/stdio-*"))
-        if os.access(p, os.X_OK) and not p.endswith(".d")
-    ]
-    if not found:
-        sys.exit("no stdio benchmark binary: run `cargo bench --bench stdio` first")
-    return max(found, key=os.path.getmtime)
+# The same messages and mock server as the sparse-call benchmark (this directory is on the
+# path when a script here runs).
+from spaced_calls import CALL, INIT, ROOT, bench_binary
 
 
 def session(wrapper: str, server: str, calls: int) -> tuple[int, int, bool]:
@@ -87,7 +67,7 @@ def main() -> None:
     wrappers = [w.split("=", 1) for w in args.wrapper] or [
         ["now", os.path.join(ROOT, "target/release/bounded-observe-mcp")]
     ]
-    server = mock_server()
+    server = bench_binary()
     # The driver on CPU 0; the wrapper and its server inherit the affinity.
     os.sched_setaffinity(0, {0})
     print(f"{args.calls} back-to-back calls per session, pinned to CPU 0, nice {os.nice(0)}")
