@@ -14,7 +14,10 @@ answer came back.
 
 Usage (after `cargo bench --bench stdio`, which builds the mock server and the wrapper):
 
-  python3 bench/sustained_calls.py [--calls 50000] [--runs 5] [--wrapper NAME=PATH]...
+  python3 bench/sustained_calls.py [--calls 50000] [--runs 5] [--json] [--wrapper NAME=PATH]...
+
+--json builds each request with `json.dumps`, as a Python client does, instead of writing
+prepared bytes: a slower client, which leaves the observer more of the CPU.
 
 Each --wrapper adds a build (default: now=target/release/bounded-observe-mcp); give two to
 compare them.
@@ -23,6 +26,7 @@ compare them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -33,7 +37,16 @@ import tempfile
 from spaced_calls import CALL, INIT, ROOT, bench_binary
 
 
-def session(wrapper: str, server: str, calls: int) -> tuple[int, int, bool]:
+def request(i: int, built: bool) -> bytes:
+    """Call `i`: prepared bytes, or (`built`) the same call built as a Python client builds it."""
+    if not built:
+        return CALL % i
+    call = {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"amount_cents": 4900, "currency": "EUR"}}}
+    return (json.dumps(call, separators=(",", ":")) + "\n").encode()
+
+
+def session(wrapper: str, server: str, calls: int, built: bool) -> tuple[int, int, bool]:
     """One pinned session: (events, unobserved, every answer read)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [wrapper, "--debug", "--ingest", f"file:{tmp}/events.jsonl"]
@@ -47,7 +60,7 @@ def session(wrapper: str, server: str, calls: int) -> tuple[int, int, bool]:
         answered += bool(p.stdout.readline())
         p.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
         for i in range(1, calls + 1):
-            p.stdin.write(CALL % i)
+            p.stdin.write(request(i, built))
             p.stdin.flush()
             answered += bool(p.stdout.readline())
         p.stdin.close()
@@ -62,6 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=50_000)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="build each request with json.dumps")
     ap.add_argument("--wrapper", action="append", default=[], metavar="NAME=PATH")
     args = ap.parse_args()
     wrappers = [w.split("=", 1) for w in args.wrapper] or [
@@ -70,11 +84,12 @@ def main() -> None:
     server = bench_binary()
     # The driver on CPU 0; the wrapper and its server inherit the affinity.
     os.sched_setaffinity(0, {0})
-    print(f"{args.calls} back-to-back calls per session, pinned to CPU 0, nice {os.nice(0)}")
+    how = "built with json.dumps" if args.json else "prepared bytes"
+    print(f"{args.calls} back-to-back calls per session ({how}), pinned to CPU 0, nice {os.nice(0)}")
     print(f"{'run':>3}  {'build':<12} {'events':>8} {'unobserved':>10}  answers")
     for run in range(1, args.runs + 1):
         for name, path in wrappers:
-            events, unobserved, whole = session(path, server, args.calls)
+            events, unobserved, whole = session(path, server, args.calls, args.json)
             print(f"{run:>3}  {name:<12} {events:>8} {unobserved:>10}  {'all' if whole else 'LOST'}")
 
 

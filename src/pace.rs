@@ -11,8 +11,8 @@
 //! flat out. So in a burst the relay goes first and the observer catches up in the gaps; the
 //! tap's byte budget (`crate::tap::TAP_BUDGET_BYTES`) bounds how far behind it may fall, and
 //! calls lost to tap drops are counted as unobserved, never given a false status. Timestamps
-//! are the relay's, so observing later changes no `dur_ms`. Must never fail the session (if the priority cannot be
-//! lowered the observer runs as before) and never slow the relay.
+//! are the relay's, so observing later changes no `dur_ms`. Must never fail the session (if the
+//! priority cannot be lowered the observer runs as before) and never slow the relay.
 //!
 //! Why the batch class plus pacing, the scheduler traces and the rejected variants (nice alone,
 //! the idle class, sleeping instead of yielding): `bench/README.md`, "Pacing the observer".
@@ -239,8 +239,8 @@ impl Pacer {
     /// Rests the calling thread for [`PACE_REST`] if it has had the CPU for a [`PACE_SLICE`] of
     /// a stretch in which it held the CPU more than half the time, on a shared CPU, while it and
     /// the relay take turns ([`Pacer::set_live`]) and the observer is behind by at least
-    /// [`PACE_BEHIND`] and less than [`PACE_UNTIL`] ([`Pacer::set_backlog`]); yields instead within [`PACE_RECENT`] after
-    /// that. Returns whether it rested or yielded. A stretch in which the thread mostly waited
+    /// [`PACE_BEHIND`] and less than [`PACE_UNTIL`] ([`Pacer::set_backlog`]); yields instead
+    /// within [`PACE_RECENT`] after that. Returns whether it rested or yielded. A stretch in which the thread mostly waited
     /// (it ran in the gaps, taking nothing from anybody) just starts over.
     pub fn pace(&self) -> bool {
         let backlog = self.backlog.load(Ordering::Relaxed);
@@ -452,7 +452,8 @@ mod tests {
                 // SAFETY: setpriority takes three integers and touches no memory; raising the
                 // calling thread's own nice value is always allowed.
                 let set = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, start) };
-                // Only where the test runs at or below `start` already (never above 0 in CI).
+                // Skipped where the test already runs above `start`: going back down needs
+                // privilege (CI runs at 0).
                 if set != 0 || own_nice() != Some(start) {
                     return None;
                 }
@@ -469,8 +470,7 @@ mod tests {
 
     /// Covers the `unsafe` in [`restore_thread`]: where the kernel allows it (a privileged
     /// test run) the lowered thread is back at the normal class and the restorer's nice; where
-    /// it does not,
-    /// nothing changed and it says so.
+    /// it does not, nothing changed and it says so.
     #[cfg(target_os = "linux")]
     #[test]
     fn restoring_a_lowered_thread_is_all_or_reported() {

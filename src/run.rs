@@ -167,9 +167,9 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 const HAND_BACK: Duration = Duration::from_millis(5);
 
 /// The stdio observer and reporter: one thread in the batch class nine nice levels below the
-/// wrapper (see [`crate::pace`]) with a runtime of its own. The session's (main) thread never waits for it
-/// past the shutdown flush: such a thread gets little of a CPU that normal-priority threads
-/// keep busy, so the deadline is kept by the session's thread,
+/// wrapper (see [`crate::pace`]) with a runtime of its own. The session's (main) thread never
+/// waits for it past the shutdown flush: such a thread gets little of a CPU that normal-priority
+/// threads keep busy, so the deadline is kept by the session's thread,
 /// and what the observer did not get to is counted from what [`Progress`] and [`ReportWatch`]
 /// say.
 struct StdioObserver {
