@@ -346,6 +346,11 @@ impl<S: EventSink> Observer<S> {
     }
 
     fn count_orphan(&mut self, request_dir: Direction) {
+        if request_dir == Direction::ClientToServer && self.answers_owed > 0 {
+            // The answer to a request the observer lost (see `Observer::requests_lost`).
+            self.answers_owed -= 1;
+            return;
+        }
         self.stats.orphan_responses += 1;
         if !self.warned.orphan {
             self.warned.orphan = true;

@@ -662,7 +662,7 @@ impl<S: EventSink> Watcher<S> {
         // (`super::stdio`, `LostRequests`). A body its client abandoned is not: the server got
         // no whole request either.
         if x.kind == ReqKind::Post && (x.req_lost || !x.req_fed) {
-            self.observer.stats.unobserved += 1;
+            self.observer.requests_lost(1);
         }
         if let (Some(scope), true) = (x.scope, x.answers_lost) {
             self.observer.end_unobserved(scope, &x.calls);
@@ -792,7 +792,8 @@ mod tests {
     }
 
     /// The request body, or its end, was dropped: the server got a call the observer never
-    /// read. It makes no event (its answer is an orphan) and is counted as unobserved, as in
+    /// read. It makes no event (its answer matches no request, and is not an orphan the server
+    /// sent) and is counted as unobserved, as in
     /// stdio. A body its client abandoned is not counted: the server got no whole request.
     #[test]
     fn a_request_lost_to_a_drop_is_an_unobserved_call() {
@@ -814,7 +815,8 @@ mod tests {
         answer(&mut w);
         let (stats, events) = w.observer.finish(Instant::now(), EndCause::SessionEnd);
         assert!(events.is_empty(), "{events:?}");
-        assert_eq!((stats.unobserved, stats.orphan_responses), (1, 1));
+        // Its answer is put down to the lost request, not counted as the server's orphan.
+        assert_eq!((stats.unobserved, stats.orphan_responses), (1, 0));
         // The body's end dropped: the exchange ends with the request never complete.
         let mut w = watcher();
         head(&mut w);

@@ -115,7 +115,8 @@ pub struct ObserverStats {
     pub summarized: u64,
     /// Requests reusing an id still pending in the same scope and direction.
     pub duplicate_ids: u64,
-    /// Responses to no pending request (unknown id, or a second response).
+    /// Responses to no pending request (unknown id, or a second response), less those put
+    /// down to client messages the observer lost (`Observer::requests_lost`).
     pub orphan_responses: u64,
     /// Chunks that arrived after the tap dropped some: the splitter resynchronised.
     pub gaps: u64,

@@ -116,6 +116,10 @@ pub struct Observer<S: EventSink> {
     /// Relay time of the first chunk after the latest drop in either direction: a call
     /// started before it may have had its answer, or its cancellation, dropped.
     pub(super) last_gap: Option<Instant>,
+    /// Client messages the hand-off lost whose answers may still come (see
+    /// [`Observer::requests_lost`]): as many responses that match no request are theirs, not
+    /// orphans.
+    pub(super) answers_owed: u64,
     /// While [`Observer::on_request_body`] runs: the ids of the `tools/call` requests it starts.
     pub(super) started_calls: Option<Vec<RpcId>>,
     pub(super) warned: Warned,
@@ -163,6 +167,7 @@ impl<S: EventSink> Observer<S> {
             early_bytes: 0,
             stdio_session: clear_session_id().into(),
             last_gap: None,
+            answers_owed: 0,
             started_calls: None,
             warned: Warned::default(),
             server_version: None,
@@ -489,6 +494,20 @@ impl<S: EventSink> Observer<S> {
                 "The observer fell behind and skipped some traffic; some calls may be missed"
             );
         }
+    }
+
+    /// `n` client messages were lost before the observer could read them (the tap dropped them,
+    /// or a resynchronisation threw them away, or the HTTP hand-off dropped a request's body):
+    /// each is counted as an unobserved call ([`ObserverStats::unobserved`]), and the server,
+    /// which did get them, may still answer them. Such an answer matches no request the
+    /// observer knows: up to `n` of those are put down to this loss instead of being counted
+    /// (and warned of) as orphan responses, a fault of the server's they are not. A lost
+    /// message that was a notification, or whose answer was lost too, leaves a later real
+    /// orphan uncounted instead; the session's `unobserved` and `tapDroppedBytes` already say
+    /// that its observation was incomplete.
+    pub fn requests_lost(&mut self, n: u64) {
+        self.stats.unobserved += n;
+        self.answers_owed += n;
     }
 
     fn on_message(

@@ -185,7 +185,7 @@ impl LostRequests {
         let dropped = rx.dropped_client_messages();
         let new = dropped.saturating_sub(self.dropped) + splitter.take_discarded();
         self.dropped = dropped;
-        obs.stats.unobserved += new;
+        obs.requests_lost(new);
     }
 
     /// Past the cut-off: the client messages still in the tap, in the drained batch, held for
@@ -209,7 +209,7 @@ impl LostRequests {
                 }
             }
         }
-        obs.stats.unobserved += unread + u64::from(open);
+        obs.requests_lost(unread + u64::from(open));
     }
 }
 
@@ -613,8 +613,9 @@ pub async fn run_tap_observer_with<S: EventSink>(
         }
         let now = Instant::now();
         if now >= next_tick {
-            observer.on_tick(now);
+            // Lost requests first: the tick may expire answers held for them as orphans.
             lost.count(&rx, &mut splitters[0], &mut observer);
+            observer.on_tick(now);
             observer.sync_health(rx.dropped_bytes());
             next_tick = now + TICK;
         }
