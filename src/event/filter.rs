@@ -342,13 +342,18 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
     }
 
     RAIL.check(e.rail?)?;
-    check_metadata(e.action?, "rec.action", true)?;
+    let action = e.action?;
+    if !e.cleared.has(Cleared::ACTION) {
+        check_metadata(action, "rec.action", true)?;
+    }
     if let Some(r) = e.registry_version? {
         check_token(r, "rec.registryVersion", 64, 1, hex_char)?;
     }
     let keep_fields = v == u64::from(EVENT_SCHEMA_VERSION) && e.fields?.is_some();
     if let Some(d) = e.tool_def? {
-        check_hash(d, "rec.toolDef")?;
+        if !e.cleared.has(Cleared::TOOL_DEF) {
+            check_hash(d, "rec.toolDef")?;
+        }
     }
     e.listed?;
     e.hints?;
@@ -367,7 +372,9 @@ fn check(e: &View<'_>) -> Result<bool, FilterError> {
     }
 
     let path = e.path_template?;
-    check_metadata(path, "dest.pathTemplate", true)?;
+    if !e.cleared.has(Cleared::PATH) {
+        check_metadata(path, "dest.pathTemplate", true)?;
+    }
     if !path.starts_with('/') {
         return Err(invalid("dest.pathTemplate", "must start with /"));
     }
@@ -574,16 +581,16 @@ pub fn filter_event_in_place(event: &mut Event) -> Result<(), FilterError> {
     Ok(())
 }
 
-/// Which shared metadata strings of a typed event (`dest.host`, `actor.id`, `session.id`,
-/// `session.protocol`, `session.client`) this thread has already seen pass the metadata rule:
-/// the very same allocation, not merely equal text. A session's events carry the same few, and
-/// the rule's verdict on a string that cannot change is the same every time, so each is checked
-/// once per thread, not once per event (five recalled L4 scans per event, about 750
-/// instructions: bench/README.md). Only passes are remembered, so which fault of an event is
-/// reported first does not change. A string is known whichever of the five fields it passed
-/// in: all five hold a non-empty string to the one rule, [`check_metadata`] (`actor.id`'s
-/// [`check_actor_id`] is that rule), and a field given a rule of its own would need its own
-/// memo.
+/// Which shared strings of a typed event this thread has already seen pass their field's rule:
+/// the very same allocation, not merely equal text. A session's events carry the same few (its
+/// `dest.host`, `actor.id`, `session.id`, `.protocol` and `.client`; per tool called, its
+/// `rec.action`, `dest.pathTemplate` and `rec.toolDef`), and the rule's verdict on a string that
+/// cannot change is the same every time, so each is checked once per thread, not once per event
+/// (five recalled L4 scans per event, about 750 instructions; the tool's three, with a lookup
+/// by field, about 550 more: bench/README.md). Only passes are remembered, so which fault of an event is reported
+/// first does not change. A string is known in the field it passed in, under that field's rule
+/// (`dest.pathTemplate`'s leading `/` is checked every time): a tool name that passed as
+/// `rec.action` is checked again as a `rec.toolDef`, where it must be a hash.
 #[derive(Clone, Copy)]
 struct Cleared(u8);
 
@@ -594,66 +601,87 @@ impl Cleared {
     const SESSION_ID: u8 = 4;
     const PROTOCOL: u8 = 8;
     const CLIENT: u8 = 16;
+    const ACTION: u8 = 32;
+    const PATH: u8 = 64;
+    const TOOL_DEF: u8 = 128;
 
     fn has(self, bit: u8) -> bool {
         self.0 & bit != 0
     }
 
-    /// Those of `e`'s shared metadata strings that passed before on this thread.
+    /// Those of `e`'s shared strings that passed in their field before on this thread.
     fn of(e: &Event) -> Cleared {
         CLEARED.with(|c| {
-            let held = &c.borrow().0;
-            Cleared(
-                shared_metadata(e)
-                    .filter(|(_, s)| held.iter().any(|h| h.same(s)))
-                    .fold(0, |bits, (bit, _)| bits | bit),
-            )
+            let held = &c.borrow().held;
+            let mut bits = 0;
+            for (i, s) in shared_strings(e).into_iter().enumerate() {
+                let known = s.is_some_and(|s| held[i].iter().flatten().any(|h| h.same(s)));
+                bits |= u8::from(known) << i;
+            }
+            Cleared(bits)
         })
     }
 }
 
-/// The shared metadata strings `e` carries, each with its [`Cleared`] bit.
-fn shared_metadata(e: &Event) -> impl Iterator<Item = (u8, &SharedStr)> {
+/// Fields whose shared strings are remembered: one per [`Cleared`] bit.
+const SHARED_FIELDS: usize = 8;
+
+/// The shared strings `e` carries, in the order of their [`Cleared`] bits.
+fn shared_strings(e: &Event) -> [Option<&SharedStr>; SHARED_FIELDS] {
     let s = e.session.as_ref();
     [
-        (Cleared::HOST, Some(&e.dest.host)),
-        (Cleared::ACTOR, Some(&e.actor.id)),
-        (Cleared::SESSION_ID, s.map(|s| &s.id)),
-        (Cleared::PROTOCOL, s.and_then(|s| s.protocol.as_ref())),
-        (Cleared::CLIENT, s.and_then(|s| s.client.as_ref())),
+        Some(&e.dest.host),
+        Some(&e.actor.id),
+        s.map(|s| &s.id),
+        s.and_then(|s| s.protocol.as_ref()),
+        s.and_then(|s| s.client.as_ref()),
+        Some(&e.rec.action),
+        Some(&e.dest.path_template),
+        e.rec.tool_def.as_ref(),
     ]
-    .into_iter()
-    .filter_map(|(bit, x)| x.map(|x| (bit, x)))
 }
 
-/// How many passed strings a thread keeps: a session's five, and the three that differ in
-/// another session with the same server and actor (its id, protocol and client).
-const CLEARED_SLOTS: usize = 8;
+/// Passed strings a thread keeps per field, the oldest replaced first: the few tools a session
+/// calls in turn, or the sessions an HTTP proxy serves at once.
+const CLEARED_WAYS: usize = 4;
+
+/// Per field, the strings that passed in it on this thread, and the way to replace next. Each
+/// is held, so no other string can take its address while it is here.
+struct ClearedMemo {
+    held: [[Option<SharedStr>; CLEARED_WAYS]; SHARED_FIELDS],
+    next: [usize; SHARED_FIELDS],
+}
 
 thread_local! {
-    /// Shared strings that passed the metadata rule on this thread, and the slot to replace
-    /// next. Each is held, so no other string can take its address while it is here.
-    static CLEARED: std::cell::RefCell<(Vec<SharedStr>, usize)> =
-        const { std::cell::RefCell::new((Vec::new(), 0)) };
+    static CLEARED: std::cell::RefCell<ClearedMemo> = const {
+        std::cell::RefCell::new(ClearedMemo {
+            held: [const { [const { None }; CLEARED_WAYS] }; SHARED_FIELDS],
+            next: [0; SHARED_FIELDS],
+        })
+    };
 }
 
-/// After `e` passed [`check`], remembers its shared metadata strings not `known` yet. Only
-/// non-empty ones: an empty string passes only where the field may be empty.
+/// After `e` passed [`check`], remembers its shared strings not `known` yet. Only non-empty
+/// ones: an empty string passes only where the field may be empty.
 fn remember_cleared(e: &Event, known: Cleared) {
-    let mut new = shared_metadata(e)
-        .filter(|(bit, s)| !known.has(*bit) && !s.is_empty())
-        .peekable();
-    if new.peek().is_none() {
+    fn new(known: Cleared, i: usize, s: Option<&SharedStr>) -> Option<&SharedStr> {
+        s.filter(|s| !known.has(1 << i) && !s.is_empty())
+    }
+    let strings = shared_strings(e);
+    if strings
+        .into_iter()
+        .enumerate()
+        .all(|(i, s)| new(known, i, s).is_none())
+    {
         return;
     }
     CLEARED.with(|c| {
-        let (held, next) = &mut *c.borrow_mut();
-        for (_, s) in new {
-            if held.len() < CLEARED_SLOTS {
-                held.push(s.clone());
-            } else {
-                held[*next] = s.clone();
-                *next = (*next + 1) % CLEARED_SLOTS;
+        let memo = &mut *c.borrow_mut();
+        for (i, s) in strings.into_iter().enumerate() {
+            if let Some(s) = new(known, i, s) {
+                let way = memo.next[i];
+                memo.held[i][way] = Some(s.clone());
+                memo.next[i] = (way + 1) % CLEARED_WAYS;
             }
         }
     });
@@ -1047,20 +1075,24 @@ pub(crate) mod tests {
     }
 
     /// A session's shared strings are checked once per thread: a passing one is known by its
-    /// allocation afterwards, a failing one never is. A canary in any of the five shared
+    /// allocation afterwards, a failing one never is. A canary in any of the eight shared
     /// fields is refused every time, whether its allocation is reused or new, between clean
     /// events and after more clean strings than the thread keeps; a string pushed out is
     /// checked again, and still passes.
     #[test]
     fn shared_metadata_is_cleared_once_and_a_canary_never() {
-        let clean: Event = serde_json::from_value(sample()).expect("event");
+        let mut clean: Event = serde_json::from_value(sample()).expect("event");
+        clean.rec.tool_def = Some(SharedStr::from("0123456789abcdef"));
         assert_eq!(Cleared::of(&clean).0, 0);
         assert!(filter_event(clean.clone()).is_ok());
         let all = Cleared::HOST
             | Cleared::ACTOR
             | Cleared::SESSION_ID
             | Cleared::PROTOCOL
-            | Cleared::CLIENT;
+            | Cleared::CLIENT
+            | Cleared::ACTION
+            | Cleared::PATH
+            | Cleared::TOOL_DEF;
         assert_eq!(Cleared::of(&clean).0, all);
         // Equal text in another allocation is not known: it is checked (and passes).
         let copy: Event = serde_json::from_value(sample()).expect("event");
@@ -1069,24 +1101,34 @@ pub(crate) mod tests {
         let canaries = [
             "jane.doe@example.com",
             "4111-1111-1111-1111",
+            // Hex too: a hash that spells a card number.
+            "4111111111111111",
             "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlX2hlcmU",
             "sk_live_51Hq0CanaryCanaryCanary",
         ];
         let planted = |field: usize, c: &str| {
             let mut e = clean.clone();
-            let c = SharedStr::from(c);
             let s = e.session.as_mut().expect("session");
+            // A path must start with `/`, or it fails on that alone.
+            let c = if field == 6 {
+                SharedStr::from(format!("/{c}"))
+            } else {
+                SharedStr::from(c)
+            };
             match field {
                 0 => e.dest.host = c,
                 1 => e.actor.id = c,
                 2 => s.id = c,
                 3 => s.protocol = Some(c),
-                _ => s.client = Some(c),
+                4 => s.client = Some(c),
+                5 => e.rec.action = c,
+                6 => e.dest.path_template = c,
+                _ => e.rec.tool_def = Some(c),
             }
             e
         };
         for round in 0..3 {
-            for field in 0..5 {
+            for field in 0..8 {
                 for c in canaries {
                     let bad = planted(field, c);
                     for _ in 0..2 {
@@ -1101,13 +1143,41 @@ pub(crate) mod tests {
             }
             // Other sessions' strings (every one a new allocation), more than the thread keeps,
             // push this session's out.
-            for _ in 0..CLEARED_SLOTS {
-                let other: Event = serde_json::from_value(sample()).expect("event");
+            for _ in 0..CLEARED_WAYS {
+                let mut other: Event = serde_json::from_value(sample()).expect("event");
+                other.rec.tool_def = Some(SharedStr::from("0123456789abcdef"));
                 assert!(filter_event(other).is_ok());
             }
             assert_eq!(Cleared::of(&clean).0, 0, "round {round}");
             assert!(filter_event(clean.clone()).is_ok());
         }
+    }
+
+    /// A string is known only in the field it passed in: a tool name passes as `rec.action`,
+    /// and the very same allocation as a `toolDef` is checked as a hash, and refused (not hex);
+    /// a hash that passed as a `toolDef` is checked again in a metadata field, and is then
+    /// known in both.
+    #[test]
+    fn a_string_is_known_only_in_the_field_it_passed_in() {
+        let mut e: Event = serde_json::from_value(sample()).expect("event");
+        assert!(filter_event(e.clone()).is_ok());
+        assert!(Cleared::of(&e).has(Cleared::ACTION));
+        e.rec.tool_def = Some(e.rec.action.clone());
+        for _ in 0..2 {
+            assert_eq!(
+                filter_event(e.clone()).map(drop),
+                Err(invalid("rec.toolDef", "bad format"))
+            );
+            assert!(!Cleared::of(&e).has(Cleared::TOOL_DEF));
+        }
+        let hash = SharedStr::from("00c0ffee00c0ffee");
+        e.rec.tool_def = Some(hash.clone());
+        assert!(filter_event(e.clone()).is_ok());
+        e.session.as_mut().expect("session").client = Some(hash);
+        let known = Cleared::of(&e);
+        assert!(known.has(Cleared::TOOL_DEF) && !known.has(Cleared::CLIENT));
+        assert!(filter_event(e.clone()).is_ok());
+        assert!(Cleared::of(&e).has(Cleared::CLIENT));
     }
 
     #[test]
