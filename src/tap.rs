@@ -6,8 +6,9 @@
 //! queue's storage is swapped back and forth with the observer's, so it is reused): when the
 //! queue holds [`TAP_BUDGET_BYTES`] the chunk is counted as dropped and the next chunk that does
 //! get through is marked `after_gap`, so the frame splitter can resynchronise at the next newline
-//! instead of gluing two halves of different messages together. The bound is in bytes, not
-//! chunks, so a burst of thousands of small messages is absorbed while memory stays bounded.
+//! instead of gluing two halves of different messages together (at once, when the dropped bytes
+//! ended with one: [`TapChunk::gap_ended_line`]). The bound is in bytes, not chunks, so a burst
+//! of thousands of small messages is absorbed while memory stays bounded.
 //! A sender wakes the observer only when it is asleep with nothing to do, and the client's
 //! sender only past a backlog ([`CLIENT_WAKE_BYTES`]); while it is busy or lingering (see
 //! `observe::run_tap_observer`) offers cost a lock and a push, no syscall.
@@ -64,6 +65,9 @@ pub struct TapChunk {
     pub bytes: Bytes,
     /// One or more chunks before this one in the same direction were dropped.
     pub after_gap: bool,
+    /// With `after_gap`: the last byte dropped was a newline, so this chunk starts a message,
+    /// and none of its bytes belong to the one the drop damaged.
+    pub gap_ended_line: bool,
     /// Bytes of the current frame passed over right before this chunk: the middle of a frame
     /// too large for the observer to read whole (see [`Trim`]). Not a gap: nothing was lost
     /// that the observer needs, and the frame's length stays exact.
@@ -186,7 +190,9 @@ struct Queue {
 pub struct TapSender {
     shared: Arc<Shared>,
     dir: Direction,
-    gap: bool,
+    /// Chunks were dropped since the last one queued: `Some(true)` when the last of them ended
+    /// with a newline.
+    gap: Option<bool>,
     /// `None`: every chunk passes whole (switched off for the benchmark, see
     /// [`TapSender::set_trim`]).
     trim: Option<Trim>,
@@ -411,13 +417,13 @@ pub fn tap_with_budget(
     let c2s = TapSender {
         shared: shared.clone(),
         dir: Direction::ClientToServer,
-        gap: false,
+        gap: None,
         trim: Some(Trim::default()),
     };
     let s2c = TapSender {
         shared: shared.clone(),
         dir: Direction::ServerToClient,
-        gap: false,
+        gap: None,
         trim: Some(Trim::default()),
     };
     (c2s, s2c, TapReceiver { shared }, stats)
@@ -482,7 +488,7 @@ impl TapSender {
     fn enqueue(
         shared: &Shared,
         dir: Direction,
-        gap: &mut bool,
+        gap: &mut Option<bool>,
         seen: Instant,
         bytes: Bytes,
         skipped: u64,
@@ -503,7 +509,8 @@ impl TapSender {
                     dir,
                     seen,
                     bytes,
-                    after_gap: *gap,
+                    after_gap: gap.is_some(),
+                    gap_ended_line: *gap == Some(true),
                     skipped,
                 }));
                 q.bytes += charge;
@@ -521,13 +528,13 @@ impl TapSender {
         };
         match wake {
             Ok(wake) => {
-                *gap = false;
+                *gap = None;
                 if wake {
                     shared.wake.notify_one();
                 }
             }
             Err(bytes) => {
-                *gap = true;
+                *gap = Some(bytes.last() == Some(&b'\n'));
                 stats.dropped_chunks[i].fetch_add(1, Ordering::Relaxed);
                 stats.dropped_bytes[i].fetch_add(len as u64, Ordering::Relaxed);
                 // Only when the observer is already a budget behind: a vectorised count over
@@ -552,7 +559,7 @@ impl TapSender {
         lock(&self.shared.state).msgs.push_back(TapMsg::Closed {
             dir: self.dir,
             seen,
-            after_gap: self.gap,
+            after_gap: self.gap.is_some(),
         });
         self.settle();
         // Drop wakes the observer.
@@ -710,12 +717,28 @@ mod tests {
             panic!("third chunk must arrive")
         };
         assert!(third.after_gap, "chunk after a drop is marked");
+        assert!(
+            third.gap_ended_line,
+            "the dropped bytes ended with a newline"
+        );
         assert_eq!(&third.bytes[..], b"c");
+        // Dropped bytes that end inside a message: the next chunk starts inside it too.
+        c2s.offer(now, Bytes::from_static(b"d"));
+        c2s.offer(now, Bytes::from_static(b"\ne"));
+        let Some(TapMsg::Chunk(fourth)) = rx.try_recv() else {
+            panic!("fourth chunk must arrive")
+        };
+        c2s.offer(now, Bytes::from_static(b"f"));
+        let Some(TapMsg::Chunk(fifth)) = rx.try_recv() else {
+            panic!("fifth chunk must arrive")
+        };
+        assert!(!fourth.after_gap);
+        assert!(fifth.after_gap && !fifth.gap_ended_line);
         // A drop right before the end marks the end.
         c2s.offer(now, Bytes::from_static(b"d"));
         c2s.offer(now, Bytes::from_static(b"ee"));
         let Some(TapMsg::Chunk(_)) = rx.try_recv() else {
-            panic!("fourth chunk must arrive")
+            panic!("sixth chunk must arrive")
         };
         c2s.close(now);
         assert!(matches!(

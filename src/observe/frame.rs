@@ -496,6 +496,16 @@ impl FrameSplitter {
         self.resync_skipped = false;
     }
 
+    /// Bytes were lost here, and the last of them was a newline: what is held (and any
+    /// resynchronisation under way) ended inside them, and the next byte starts a message. The
+    /// message they ended is not counted here: its newline is in the dropped bytes, which the
+    /// tap counts (`crate::tap::messages_ended`).
+    pub fn lost_to_line_end(&mut self) {
+        self.msg.discard();
+        self.resync = false;
+        self.resync_skipped = false;
+    }
+
     /// The direction closed: a last frame without a newline is complete now.
     pub fn flush(&mut self, mut out: impl FnMut(Split<'_>)) {
         if std::mem::take(&mut self.resync) {
@@ -912,14 +922,16 @@ mod tests {
         }
 
         /// Chunks lost as the tap loses them (a drop marks the next chunk, or the end, as after
-        /// a gap): every frame handed on is one that was sent, whole, and every frame sent is
-        /// handed on or counted lost once, by the newlines in the dropped chunks or by the
-        /// splitter's resynchronisation.
+        /// a gap; with `line_ends`, a drop that ended with a newline is passed on as such, as
+        /// the stdio observer does): every frame handed on is one that was sent, whole, and
+        /// every frame sent is handed on or counted lost once, by the newlines in the dropped
+        /// chunks or by the splitter's resynchronisation.
         #[test]
         fn every_frame_is_handed_on_whole_or_counted_lost(
             n in 0usize..30,
             cuts in prop::collection::vec(0usize..4000, 0..16),
             dropped in prop::collection::vec(any::<bool>(), 17),
+            line_ends in any::<bool>(),
         ) {
             let frames: Vec<Vec<u8>> =
                 (0..n).map(|i| format!("{{\"n\":{i},\"pad\":\"{}\"}}", "x".repeat(i % 7)).into_bytes()).collect();
@@ -933,6 +945,7 @@ mod tests {
             cuts.sort_unstable();
             let mut s = FrameSplitter::new(1024);
             let (mut handed, mut lost_newlines, mut gap, mut prev) = (Vec::new(), 0usize, false, 0);
+            let mut gap_ended_line = false;
             for (k, c) in cuts.into_iter().enumerate() {
                 let chunk = &stream[prev..c];
                 prev = c;
@@ -942,8 +955,15 @@ mod tests {
                 if dropped[k] {
                     lost_newlines += chunk.iter().filter(|&&b| b == b'\n').count();
                     gap = true;
+                    gap_ended_line = chunk.ends_with(b"\n");
                 } else {
-                    handed.extend(run(&mut s, chunk, std::mem::take(&mut gap)));
+                    let after_gap = std::mem::take(&mut gap);
+                    if after_gap && line_ends && gap_ended_line {
+                        s.lost_to_line_end();
+                        handed.extend(run(&mut s, chunk, false));
+                    } else {
+                        handed.extend(run(&mut s, chunk, after_gap));
+                    }
                 }
             }
             if gap {

@@ -573,10 +573,15 @@ pub async fn run_tap_observer_with<S: EventSink>(
                     if c.after_gap {
                         observer.on_gap(c.seen);
                     }
+                    // A drop that ended at a newline leaves nothing of a message to skip.
+                    let resync = c.after_gap && !c.gap_ended_line;
+                    if c.after_gap && c.gap_ended_line {
+                        splitters[i].lost_to_line_end();
+                    }
                     last_seen[i] = Some(c.seen);
                     let other = ahead_of(&rx, &unsplit, opposite(c.dir));
                     let before = observer.stats.events;
-                    splitters[i].push(&c.bytes, c.after_gap, c.skipped, |s| {
+                    splitters[i].push(&c.bytes, resync, c.skipped, |s| {
                         reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other);
                         pacer.pace();
                         frames += 1;

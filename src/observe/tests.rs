@@ -1201,6 +1201,31 @@ async fn requests_lost_to_a_tap_drop_are_counted_as_unobserved_calls() {
     assert_eq!(stats.orphan_responses, 0, "their answers came");
 }
 
+/// A drop that ended at a newline ended a message: the next chunk starts one, and is read
+/// whole, where the splitter used to skip to its first newline and lose that message too.
+#[tokio::test]
+async fn a_message_right_after_a_drop_that_ended_a_line_is_observed() {
+    let req = |i: u64, t: &str| line(call(json!(i), t, json!({})));
+    let answers: String = (1..=5).map(|i| line(ok(json!(i)))).collect();
+    let (stats, events) = observe_with_drops(&[
+        (C2S, req(1, "a"), false),
+        // Call 2, whole, and the start of call 3 are held when the drop comes.
+        (C2S, req(2, "b") + &req(3, "c")[..10], false),
+        (
+            C2S,
+            req(3, "c")[10..].to_string() + &" ".repeat(4_000) + &req(4, "d"),
+            true,
+        ),
+        (C2S, req(5, "e"), false),
+        (S2C, answers, false),
+    ])
+    .await;
+    assert_eq!(events, tools(&[("a", 200), ("b", 200), ("e", 200)]));
+    // 3 and 4 ended in the dropped bytes: counted once each, and nothing else lost.
+    assert_eq!((stats.unobserved, stats.events), (2, 3));
+    assert_eq!(stats.orphan_responses, 0);
+}
+
 #[tokio::test]
 async fn a_cancellation_lost_to_a_drop_leaves_no_false_timeout() {
     // The client cancels call 2 and starts call 3; that chunk is dropped. The server answers
