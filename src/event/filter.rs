@@ -586,11 +586,11 @@ pub fn filter_event_in_place(event: &mut Event) -> Result<(), FilterError> {
 /// `dest.host`, `actor.id`, `session.id`, `.protocol` and `.client`; per tool called, its
 /// `rec.action`, `dest.pathTemplate` and `rec.toolDef`), and the rule's verdict on a string that
 /// cannot change is the same every time, so each is checked once per thread, not once per event
-/// (five recalled L4 scans per event, about 750 instructions; the tool's three, with a lookup
-/// by field, about 550 more: bench/README.md). Only passes are remembered, so which fault of an event is reported
-/// first does not change. A string is known in the field it passed in, under that field's rule
-/// (`dest.pathTemplate`'s leading `/` is checked every time): a tool name that passed as
-/// `rec.action` is checked again as a `rec.toolDef`, where it must be a hash.
+/// (five recalled L4 scans per event, about 750 instructions; the tool's three, with a lookup by
+/// field, about 550 more: bench/README.md). Only passes are remembered, so which fault of an
+/// event is reported first does not change. A string is known in the field it passed in, under
+/// that field's rule (`dest.pathTemplate`'s leading `/` is checked every time): a tool name that
+/// passed as `rec.action` is checked again as a `rec.toolDef`, where it must be a hash.
 #[derive(Clone, Copy)]
 struct Cleared(u8);
 

@@ -793,8 +793,8 @@ mod tests {
 
     /// The request body, or its end, was dropped: the server got a call the observer never
     /// read. It makes no event (its answer matches no request, and is not an orphan the server
-    /// sent) and is counted as unobserved, as in
-    /// stdio. A body its client abandoned is not counted: the server got no whole request.
+    /// sent) and is counted as unobserved, as in stdio. A body its client abandoned is not
+    /// counted: the server got no whole request.
     #[test]
     fn a_request_lost_to_a_drop_is_an_unobserved_call() {
         let (c2s, s2c) = (Direction::ClientToServer, Direction::ServerToClient);

@@ -573,9 +573,11 @@ pub async fn run_tap_observer_with<S: EventSink>(
                     if c.after_gap {
                         observer.on_gap(c.seen);
                     }
-                    // A drop that ended at a newline leaves nothing of a message to skip.
-                    let resync = c.after_gap && !c.gap_ended_line;
-                    if c.after_gap && c.gap_ended_line {
+                    // A drop that ended at a newline leaves nothing of a message to skip (a chunk
+                    // that continues a trimmed frame cannot follow one; were it to, resync).
+                    let line_start = c.after_gap && c.gap_ended_line && c.skipped == 0;
+                    let resync = c.after_gap && !line_start;
+                    if line_start {
                         splitters[i].lost_to_line_end();
                     }
                     last_seen[i] = Some(c.seen);
