@@ -240,8 +240,9 @@ impl Pacer {
     /// a stretch in which it held the CPU more than half the time, on a shared CPU, while it and
     /// the relay take turns ([`Pacer::set_live`]) and the observer is behind by at least
     /// [`PACE_BEHIND`] and less than [`PACE_UNTIL`] ([`Pacer::set_backlog`]); yields instead
-    /// within [`PACE_RECENT`] after that. Returns whether it rested or yielded. A stretch in which the thread mostly waited
-    /// (it ran in the gaps, taking nothing from anybody) just starts over.
+    /// within [`PACE_RECENT`] after that. Returns whether it rested or yielded. A stretch in
+    /// which the thread mostly waited (it ran in the gaps, taking nothing from anybody) just
+    /// starts over.
     pub fn pace(&self) -> bool {
         let backlog = self.backlog.load(Ordering::Relaxed);
         if !self.shared_cpu || !(PACE_BEHIND..PACE_UNTIL).contains(&backlog) {
