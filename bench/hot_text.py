@@ -2,6 +2,7 @@
 """Regenerates link/hot-text.ld: the functions a typical session runs, placed together.
 
     python3 bench/hot_text.py [-o link/hot-text.ld] <bounded-observe-mcp>...
+    python3 bench/hot_text.py --check <bounded-observe-mcp>
 
 Runs the typical session of bench/stdio.rs (the official Python SDK client, tests/python, making
 50 `echo` calls to server-everything, tests/node) through each given wrapper under valgrind's
@@ -13,6 +14,12 @@ Give it both release builds: `cargo build --release`'s and `cargo bench`'s (the 
 dev-dependencies change the features of tokio and so every symbol's hash). Needs valgrind, the
 venv and node packages scripts/test-deps.sh installs. Why this exists and what it saved:
 bench/README.md, "Code layout".
+
+`--check` runs one session (`file:` sink) through a built wrapper and fails when the code that ran
+outside the list's section spreads over more than CHECK_LIMIT of the 64 KiB windows the kernel
+keeps resident around each page run: the list has gone stale, regenerate it (`cargo build
+--release`, copy the binary, `cargo bench --no-run`, copy that one, then the first form with both
+copies). CI runs it on the release build it packages.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CALLS = 50
+# How many 64 KiB windows of `.text` a session's code may touch under `--check`: see `check`.
+CHECK_LIMIT = 4
 
 
 class Answer200(http.server.BaseHTTPRequestHandler):
@@ -101,8 +110,56 @@ def pattern(name: str) -> str:
     return re.sub(r"\.\d+$", ".*", name)  # LLVM's suffix on a local symbol
 
 
+def hot_range(wrapper: str) -> tuple[int, int]:
+    """Start and end address of the wrapper's `.text.hot` (0, 0 when it has none)."""
+    out = subprocess.run(["readelf", "-SW", wrapper], capture_output=True, text=True, check=True)
+    for line in out.stdout.splitlines():
+        m = re.search(r"\]\s+\.text\.hot\s+\S+\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", line)
+        if m:
+            start = int(m.group(1), 16)
+            return start, start + int(m.group(2), 16)
+    return 0, 0
+
+
+def check(wrapper: str, limit: int) -> None:
+    """Fails when the code a typical session runs outside `.text.hot` touches more than `limit`
+    of the 64 KiB windows the kernel maps around a page fault of a file (fault-around).
+
+    The list names functions, some by their exact symbol, so it goes stale as the code changes:
+    a function added or renamed on the session's path lands in `.text` again, and the window
+    around it stays resident (bench/README.md, "Code layout"). Measured by what ran, not by the
+    list, so a stale line that matches nothing costs nothing here. One session, the `file:` sink.
+    """
+    wrapper = str(Path(wrapper).resolve())
+    start, end = hot_range(wrapper)
+    out = subprocess.run(["nm", "-S", "--defined-only", wrapper], capture_output=True, text=True,
+                         check=True)
+    place: dict[str, tuple[int, int]] = {}
+    for p in (line.split() for line in out.stdout.splitlines()):
+        if len(p) == 4 and p[2] in "tTwW":
+            place.setdefault(p[3], (int(p[0], 16), int(p[1], 16)))
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / "callgrind"
+        session(wrapper, ["--ingest", f"file:{tmp}/events.jsonl"], record)
+        ran = [f for f in functions(record, wrapper) if f in place]
+    outside = [f for f in ran if not start <= place[f][0] < end]
+    window = 64 * 1024
+    windows = {w for f in outside
+               for w in range(place[f][0] // window, (place[f][0] + max(place[f][1], 1) - 1) // window + 1)}
+    print(f"{wrapper}: {len(ran)} functions ran in a typical session,"
+          f" {sum(place[f][1] for f in ran) / 1024:.0f} KiB; outside .text.hot: {len(outside)},"
+          f" {sum(place[f][1] for f in outside) / 1024:.0f} KiB, in {len(windows)} windows of 64 KiB")
+    for f in sorted(outside, key=lambda f: -place[f][1])[:10]:
+        print(f"  {place[f][1]:>7} {f}")
+    if len(windows) > limit:
+        sys.exit(f"the code a typical session runs outside .text.hot touches {len(windows)} windows"
+                 f" of 64 KiB (at most {limit}): regenerate link/hot-text.ld (this script's docstring)")
+
+
 def main() -> None:
     args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "--check":
+        return check(args[1], CHECK_LIMIT)
     dest = ROOT / "link/hot-text.ld"
     if len(args) >= 2 and args[0] == "-o":
         dest, args = Path(args[1]), args[2:]
