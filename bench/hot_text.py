@@ -148,7 +148,7 @@ def check(wrapper: str, limit: int) -> None:
                for w in range(place[f][0] // window, (place[f][0] + max(place[f][1], 1) - 1) // window + 1)}
     print(f"{wrapper}: {len(ran)} functions ran in a typical session,"
           f" {sum(place[f][1] for f in ran) / 1024:.0f} KiB; outside .text.hot: {len(outside)},"
-          f" {sum(place[f][1] for f in outside) / 1024:.0f} KiB, in {len(windows)} windows of 64 KiB")
+          f" {sum(place[f][1] for f in outside) / 1024:.0f} KiB; 64 KiB windows they touch: {len(windows)}")
     for f in sorted(outside, key=lambda f: -place[f][1])[:10]:
         print(f"  {place[f][1]:>7} {f}")
     if len(windows) > limit:
