@@ -574,14 +574,22 @@ impl Drop for TapSender {
 }
 
 impl Queue {
-    /// Moves every queued message into `out` (swapping allocations, so `out`'s is reused) and
-    /// resets the budget counters; false when nothing was queued. The one place both receive
-    /// paths empty the queue, so the byte budget can never be left charged for taken messages.
+    /// Moves every queued message to the end of `out` (into an empty `out` by swapping
+    /// allocations, so `out`'s is reused) and resets the budget counters; false when nothing was
+    /// queued. The one place both receive paths empty the queue, so the byte budget can never be
+    /// left charged for taken messages.
     fn take_all(&mut self, out: &mut VecDeque<TapMsg>) -> bool {
         if self.msgs.is_empty() {
             return false;
         }
-        std::mem::swap(&mut self.msgs, out);
+        if out.is_empty() {
+            std::mem::swap(&mut self.msgs, out);
+        } else {
+            // A swap would leave what `out` held in the queue, where nothing reads it again: the
+            // observer's count of unread messages at its cut-off drains into a batch it has not
+            // finished, and lost those messages uncounted.
+            out.append(&mut self.msgs);
+        }
         self.bytes = 0;
         self.chunks = 0;
         self.first_seen = [None, None];
@@ -619,7 +627,7 @@ impl TapReceiver {
             .load(Ordering::Relaxed)
     }
 
-    /// Moves everything queued into `out` (which should be empty; its allocation is reused).
+    /// Moves everything queued to the end of `out` (an empty `out`'s allocation is reused).
     pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
         let mut q = lock(&self.shared.state);
         // Whoever drains is awake: a sleep that a timer ended, not an offer, leaves the flag set.
@@ -748,6 +756,31 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A drain into a batch not yet finished keeps the batch and adds to its end: the observer
+    /// counts what it left unread at its cut-off that way, and a swap once left the batch's rest
+    /// in the queue, read by no one and counted nowhere.
+    #[test]
+    fn a_drain_into_a_batch_keeps_what_it_held() {
+        let (mut c2s, mut s2c, mut rx, _stats) = tap(8);
+        let now = Instant::now();
+        c2s.offer(now, Bytes::from_static(b"a\n"));
+        let mut out = VecDeque::new();
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        c2s.offer(now, Bytes::from_static(b"b\n"));
+        s2c.offer(now, Bytes::from_static(b"c\n"));
+        assert_eq!(rx.drain(&mut out), Drained::Some);
+        let bytes: Vec<&[u8]> = out
+            .iter()
+            .map(|m| match m {
+                TapMsg::Chunk(c) => &c.bytes[..],
+                TapMsg::Closed { .. } => b"closed",
+            })
+            .collect();
+        assert_eq!(bytes, [&b"a\n"[..], b"b\n", b"c\n"]);
+        assert_eq!(rx.drain(&mut out), Drained::Empty);
+        assert_eq!(out.len(), 3);
     }
 
     #[test]

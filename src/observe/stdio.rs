@@ -563,6 +563,8 @@ pub async fn run_tap_observer_with<S: EventSink>(
         pacer.set_backlog(backlog(&rx, progress));
         while let Some(msg) = batch.pop_front() {
             if past_cutoff(close) {
+                // Unread, so counted with the rest: a chunk can hold thousands of calls.
+                batch.push_front(msg);
                 break 'observe true;
             }
             pace_to_sink(&observer, &mut pace.stalled, close).await;

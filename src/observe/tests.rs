@@ -776,6 +776,55 @@ async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
     );
 }
 
+/// The first chunk of a look that finds the cut-off passed is counted with what follows it: a
+/// chunk of calls can hold thousands of them, and the one popped before the check went uncounted
+/// (an event or unobserved for every call, `tests/stdio_exit_deadline.rs`, missed 9,996 of 20,000).
+#[tokio::test]
+async fn calls_in_the_chunk_that_meets_the_cutoff_are_counted() {
+    use bytes::Bytes;
+    let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
+    let (close, close_rx) = tokio::sync::watch::channel(None);
+    let opts = StdioOptions {
+        summarize: true,
+        close: close_rx,
+        progress: Default::default(),
+    };
+    let progress = opts.progress.clone();
+    let task = tokio::spawn(async move {
+        run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), no_pacing(), &opts).await
+    });
+    let t0 = Instant::now();
+    let line = |v: Value| Bytes::from(format!("{v}\n"));
+    let (req1, ok1) = (line(call(json!(1), "a", json!({}))), line(ok(json!(1))));
+    c2s.offer(t0, req1.clone());
+    s2c.offer(t0 + Duration::from_millis(1), ok1.clone());
+    until("the first call observed", || {
+        let idle = progress.idle();
+        idle.settled && idle.taken == [req1.len() as u64, ok1.len() as u64]
+    })
+    .await;
+    let now = Instant::now();
+    close
+        .send(Some(SessionClose {
+            cause: EndCause::SessionEnd,
+            observe_until: now,
+            deliver_by: now,
+        }))
+        .expect("observer listening");
+    // Calls first this time: theirs is the chunk the observer takes first past the cut-off.
+    let calls = (2..=4)
+        .map(|id| call(json!(id), "b", json!({})).to_string() + "\n")
+        .collect::<String>();
+    c2s.offer(t0 + Duration::from_millis(2), Bytes::from(calls));
+    s2c.offer(t0 + Duration::from_millis(3), line(ok(json!(2))));
+    c2s.close(t0 + Duration::from_millis(4));
+    s2c.close(t0 + Duration::from_millis(4));
+    let obs = task.await.expect("task");
+    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(stats.unobserved, 3, "calls 2, 3 and 4, never read");
+}
+
 #[tokio::test]
 async fn without_summaries_a_large_result_is_read_whole() {
     use bytes::Bytes;
