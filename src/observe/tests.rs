@@ -710,9 +710,24 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test]
-async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
-    use bytes::Bytes;
+/// A frame of `v`, newline-ended.
+fn json_line(v: Value) -> bytes::Bytes {
+    bytes::Bytes::from(format!("{v}\n"))
+}
+
+/// A stdio observer on a fresh tap, after call 1 (`a`) and its answer were observed.
+struct AfterOneCall {
+    c2s: crate::tap::TapSender,
+    s2c: crate::tap::TapSender,
+    close: tokio::sync::watch::Sender<Option<SessionClose>>,
+    progress: std::sync::Arc<Progress>,
+    task: tokio::task::JoinHandle<Observer<Vec<Event>>>,
+    t0: Instant,
+    /// Bytes taken in so far, client then server.
+    taken: [u64; 2],
+}
+
+async fn after_one_call() -> AfterOneCall {
     let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
     let (close, close_rx) = tokio::sync::watch::channel(None);
     let opts = StdioOptions {
@@ -725,46 +740,78 @@ async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
         run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), no_pacing(), &opts).await
     });
     let t0 = Instant::now();
-    let line = |v: Value| Bytes::from(format!("{v}\n"));
-    let (req1, ok1) = (line(call(json!(1), "a", json!({}))), line(ok(json!(1))));
-    let req2 = line(call(json!(2), "b", json!({})));
+    let (req1, ok1) = (
+        json_line(call(json!(1), "a", json!({}))),
+        json_line(ok(json!(1))),
+    );
     c2s.offer(t0, req1.clone());
     s2c.offer(t0 + Duration::from_millis(1), ok1.clone());
+    let taken = [req1.len() as u64, ok1.len() as u64];
     until("the first call observed", || {
         let idle = progress.idle();
-        idle.settled && idle.taken == [req1.len() as u64, ok1.len() as u64]
+        idle.settled && idle.taken == taken
     })
     .await;
-    c2s.offer(t0 + Duration::from_millis(2), req2.clone());
-    let taken = [(req1.len() + req2.len()) as u64, ok1.len() as u64];
+    AfterOneCall {
+        c2s,
+        s2c,
+        close,
+        progress,
+        task,
+        t0,
+        taken,
+    }
+}
+
+impl AfterOneCall {
+    /// The session's thread says it is over, with the cut-off already passed.
+    fn pass_the_cutoff(&self) {
+        let now = Instant::now();
+        self.close
+            .send(Some(SessionClose {
+                cause: EndCause::SessionEnd,
+                observe_until: now,
+                deliver_by: now,
+            }))
+            .expect("observer listening");
+    }
+
+    /// Both directions closed at `t0 + ms`; the observer's stats and events once it returned.
+    async fn end(self, ms: u64) -> (ObserverStats, Vec<Event>) {
+        let at = self.t0 + Duration::from_millis(ms);
+        self.c2s.close(at);
+        self.s2c.close(at);
+        let obs = self.task.await.expect("task");
+        obs.finish(Instant::now(), EndCause::SessionEnd)
+    }
+}
+
+#[tokio::test]
+async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
+    let mut s = after_one_call().await;
+    let req2 = json_line(call(json!(2), "b", json!({})));
+    s.c2s.offer(s.t0 + Duration::from_millis(2), req2.clone());
+    let taken = [s.taken[0] + req2.len() as u64, s.taken[1]];
     until("the second request taken in", || {
-        let idle = progress.idle();
+        let idle = s.progress.idle();
         idle.taken == taken && !idle.settled
     })
     .await;
-    // The session's thread says it is over, with the cut-off already passed: the answer that
-    // follows is never read, and the call it answers is neither a 200 nor a false 504.
-    let now = Instant::now();
-    close
-        .send(Some(SessionClose {
-            cause: EndCause::SessionEnd,
-            observe_until: now,
-            deliver_by: now,
-        }))
-        .expect("observer listening");
-    s2c.offer(t0 + Duration::from_millis(3), line(ok(json!(2))));
+    // The answer that follows the cut-off is never read, and the call it answers is neither a
+    // 200 nor a false 504.
+    s.pass_the_cutoff();
+    let at = s.t0 + Duration::from_millis(3);
+    s.s2c.offer(at, json_line(ok(json!(2))));
     // Two more calls the client sent are never read either: counted, not lost.
     let more = format!(
         "{}\n{}",
         call(json!(3), "c", json!({})),
         call(json!(4), "d", json!({}))
     );
-    c2s.offer(t0 + Duration::from_millis(3), Bytes::from(more));
-    c2s.close(t0 + Duration::from_millis(4));
-    s2c.close(t0 + Duration::from_millis(4));
-    let obs = task.await.expect("task");
+    s.c2s.offer(at, bytes::Bytes::from(more));
+    let progress = s.progress.clone();
+    let (stats, events) = s.end(4).await;
     assert_eq!(progress.taken(), taken, "nothing read past the cut-off");
-    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(
         (events[0].rec.action.as_str(), events[0].status),
@@ -781,46 +828,17 @@ async fn past_the_cutoff_nothing_more_is_read_and_open_calls_are_unobserved() {
 /// (an event or unobserved for every call, `tests/stdio_exit_deadline.rs`, missed 9,996 of 20,000).
 #[tokio::test]
 async fn calls_in_the_chunk_that_meets_the_cutoff_are_counted() {
-    use bytes::Bytes;
-    let (mut c2s, mut s2c, rx, _stats) = crate::tap::tap(64);
-    let (close, close_rx) = tokio::sync::watch::channel(None);
-    let opts = StdioOptions {
-        summarize: true,
-        close: close_rx,
-        progress: Default::default(),
-    };
-    let progress = opts.progress.clone();
-    let task = tokio::spawn(async move {
-        run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), no_pacing(), &opts).await
-    });
-    let t0 = Instant::now();
-    let line = |v: Value| Bytes::from(format!("{v}\n"));
-    let (req1, ok1) = (line(call(json!(1), "a", json!({}))), line(ok(json!(1))));
-    c2s.offer(t0, req1.clone());
-    s2c.offer(t0 + Duration::from_millis(1), ok1.clone());
-    until("the first call observed", || {
-        let idle = progress.idle();
-        idle.settled && idle.taken == [req1.len() as u64, ok1.len() as u64]
-    })
-    .await;
-    let now = Instant::now();
-    close
-        .send(Some(SessionClose {
-            cause: EndCause::SessionEnd,
-            observe_until: now,
-            deliver_by: now,
-        }))
-        .expect("observer listening");
+    let mut s = after_one_call().await;
+    s.pass_the_cutoff();
     // Calls first this time: theirs is the chunk the observer takes first past the cut-off.
     let calls = (2..=4)
         .map(|id| call(json!(id), "b", json!({})).to_string() + "\n")
         .collect::<String>();
-    c2s.offer(t0 + Duration::from_millis(2), Bytes::from(calls));
-    s2c.offer(t0 + Duration::from_millis(3), line(ok(json!(2))));
-    c2s.close(t0 + Duration::from_millis(4));
-    s2c.close(t0 + Duration::from_millis(4));
-    let obs = task.await.expect("task");
-    let (stats, events) = obs.finish(Instant::now(), EndCause::SessionEnd);
+    s.c2s
+        .offer(s.t0 + Duration::from_millis(2), bytes::Bytes::from(calls));
+    s.s2c
+        .offer(s.t0 + Duration::from_millis(3), json_line(ok(json!(2))));
+    let (stats, events) = s.end(4).await;
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(stats.unobserved, 3, "calls 2, 3 and 4, never read");
 }
