@@ -862,7 +862,7 @@ mod tests {
         assert_eq!(rx.arrival(Direction::ServerToClient), Arrival::Settled);
     }
 
-    use crate::observe::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
+    use crate::observe::frame::{FrameSplitter, Gap, Split, DEFAULT_FRAME_CAP};
     use proptest::prelude::*;
 
     const SMALL: Summarize = Summarize {
@@ -895,12 +895,12 @@ mod tests {
         for c in chunks {
             trim.accept(now, Bytes::copy_from_slice(c), |_, b, skipped| {
                 crossed += b.len();
-                split.push(&b, false, skipped, collect(&mut out));
+                split.push(&b, Gap::None, skipped, collect(&mut out));
             });
         }
         trim.finish(|_, b, skipped| {
             crossed += b.len();
-            split.push(&b, false, skipped, collect(&mut out));
+            split.push(&b, Gap::None, skipped, collect(&mut out));
         });
         split.flush(collect(&mut out));
         (out, crossed)
@@ -911,7 +911,7 @@ mod tests {
         let mut split = FrameSplitter::with_limits(DEFAULT_FRAME_CAP, SMALL);
         let mut out = Vec::new();
         for c in chunks {
-            split.push(c, false, 0, collect(&mut out));
+            split.push(c, Gap::None, 0, collect(&mut out));
         }
         split.flush(collect(&mut out));
         out

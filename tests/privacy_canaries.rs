@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bounded_observe_mcp::event::{
     filter_event, validate_and_filter_event, BatchBody, Event, SensorInfo,
 };
-use bounded_observe_mcp::observe::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
+use bounded_observe_mcp::observe::frame::{FrameSplitter, Gap, Split, DEFAULT_FRAME_CAP};
 use bounded_observe_mcp::observe::{EndCause, Observer, ObserverConfig, StreamId, Transport};
 use bounded_observe_mcp::tap::Direction;
 use proptest::prelude::*;
@@ -434,7 +434,7 @@ fn observe_line(obs: &mut Observer<Vec<Event>>, dir: Direction, at: Instant, msg
     let mut split = FrameSplitter::new(DEFAULT_FRAME_CAP);
     let line = format!("{msg}\n");
     for piece in line.as_bytes().chunks(64 * 1024) {
-        split.push(piece, false, 0, |s| match s {
+        split.push(piece, Gap::None, 0, |s| match s {
             Split::Frame(f) => obs.on_frame(StreamId(0), dir, at, f),
             Split::Summary { skeleton, len } => {
                 obs.on_summary_frame(StreamId(0), dir, at, skeleton, len)

@@ -16,7 +16,7 @@
 #![no_main]
 
 use bounded_observe_mcp::observe::frame::{
-    split_batch, FrameSplitter, Split, Summarize, DEFAULT_FRAME_CAP, SUMMARIZE,
+    split_batch, FrameSplitter, Gap, Split, Summarize, DEFAULT_FRAME_CAP, SUMMARIZE,
 };
 use bounded_observe_mcp::observe::peek::peek;
 use bounded_observe_mcp::observe::sse::{SseParser, MAX_EVENT_DATA};
@@ -154,7 +154,9 @@ fuzz_target!(|data: &[u8]| {
         }
 
         let mut got = Vec::new();
-        splitter.push(chunk, gap, skipped, |s| got.push(owned(&cfg, s)));
+        splitter.push(chunk, Gap::of(gap, false), skipped, |s| {
+            got.push(owned(&cfg, s))
+        });
         let bound = 2 * cfg.cap.min(2 * stream.len() + 64) + 2 * cfg.head + 4 * cfg.tail + 64;
         assert!(
             splitter.buffered_capacity() <= bound,

@@ -382,6 +382,31 @@ impl MessageBuf {
     }
 }
 
+/// What was lost right before a chunk handed to [`FrameSplitter::push`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gap {
+    /// Nothing: the chunk continues the stream.
+    None,
+    /// Bytes were lost that ended inside a message: what is held is damaged, and so are the
+    /// chunk's bytes up to its first newline; both are discarded.
+    InsideLine,
+    /// Bytes were lost, the last of them a newline: what is held ended inside them, and the
+    /// chunk starts a message.
+    AtLineEnd,
+}
+
+impl Gap {
+    /// The gap before a chunk: whether bytes were lost, and whether the last of them was a
+    /// newline (a tap chunk's `after_gap` and `gap_ended_line`).
+    pub fn of(lost: bool, ended_line: bool) -> Gap {
+        match (lost, ended_line) {
+            (false, _) => Gap::None,
+            (true, false) => Gap::InsideLine,
+            (true, true) => Gap::AtLineEnd,
+        }
+    }
+}
+
 /// Per-direction newline splitter: a [`MessageBuf`] ended at each newline.
 #[derive(Debug)]
 pub struct FrameSplitter {
@@ -442,20 +467,16 @@ impl FrameSplitter {
         !self.msg.started()
     }
 
-    /// Feeds one chunk; `out` is called for every frame the chunk completes. `after_gap`: chunks
-    /// before this one were lost, so whatever is buffered is damaged and this chunk's bytes up to
-    /// its first newline belong to a damaged frame: both are discarded. `skipped`: the tap
-    /// passed over this many bytes of the current frame right before this chunk (the middle of
-    /// a large frame, see `crate::tap`).
-    pub fn push(
-        &mut self,
-        chunk: &[u8],
-        after_gap: bool,
-        skipped: u64,
-        mut out: impl FnMut(Split<'_>),
-    ) {
-        if after_gap {
-            self.lost();
+    /// Feeds one chunk; `out` is called for every frame the chunk completes. `gap`: what was
+    /// lost right before it (see [`Gap`]). `skipped`: the tap passed over this many bytes of the
+    /// current frame right before this chunk (the middle of a large frame, see `crate::tap`).
+    pub fn push(&mut self, chunk: &[u8], gap: Gap, skipped: u64, mut out: impl FnMut(Split<'_>)) {
+        match gap {
+            Gap::None => {}
+            // A chunk that continues a trimmed frame cannot follow a drop that ended a line;
+            // were it to, it is read as any other gap.
+            Gap::AtLineEnd if skipped == 0 => self.lost_to_line_end(),
+            Gap::InsideLine | Gap::AtLineEnd => self.lost(),
         }
         if !self.resync {
             self.msg.skip(skipped);
@@ -488,19 +509,19 @@ impl FrameSplitter {
         }
     }
 
-    /// Bytes were lost here (see [`Self::push`]'s `after_gap`; also at a direction's end after a
-    /// drop): what is held is damaged, and whatever comes next up to a newline belongs to it.
+    /// Bytes were lost here ([`Gap::InsideLine`]; also at a direction's end after a drop): what
+    /// is held is damaged, and whatever comes next up to a newline belongs to it.
     pub fn lost(&mut self) {
         self.msg.discard();
         self.resync = true;
         self.resync_skipped = false;
     }
 
-    /// Bytes were lost here, and the last of them was a newline: what is held (and any
-    /// resynchronisation under way) ended inside them, and the next byte starts a message. The
-    /// message they ended is not counted here: its newline is in the dropped bytes, which the
-    /// tap counts (`crate::tap::messages_ended`).
-    pub fn lost_to_line_end(&mut self) {
+    /// [`Gap::AtLineEnd`]: what is held (and any resynchronisation under way) ended inside the
+    /// lost bytes, and the next byte starts a message. The message they ended is not counted
+    /// here: its newline is in the dropped bytes, which the tap counts
+    /// (`crate::tap::messages_ended`).
+    fn lost_to_line_end(&mut self) {
         self.msg.discard();
         self.resync = false;
         self.resync_skipped = false;
@@ -615,7 +636,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn run(s: &mut FrameSplitter, chunk: &[u8], gap: bool) -> Vec<Result<Vec<u8>, u64>> {
+    fn run(s: &mut FrameSplitter, chunk: &[u8], gap: Gap) -> Vec<Result<Vec<u8>, u64>> {
         let mut v = Vec::new();
         s.push(chunk, gap, 0, |f| match f {
             Split::Frame(b) => v.push(Ok(b.to_vec())),
@@ -651,7 +672,7 @@ mod tests {
         stream.extend_from_slice(b"\r\n{\"jsonrpc\":\"2.0\",\"id\":10,\"result\":{}}\n");
         let mut got = Vec::new();
         for piece in stream.chunks(1000) {
-            got.extend(run(&mut s, piece, false));
+            got.extend(run(&mut s, piece, Gap::None));
             assert!(s.buffered_capacity() <= 4096 + 1000 + 2 * 256 + 1000);
         }
         assert_eq!(got.len(), 2);
@@ -735,7 +756,7 @@ mod tests {
                 stream.push(b'\n');
                 let mut got = Vec::new();
                 for piece in stream.chunks(read) {
-                    got.extend(run(&mut s, piece, false));
+                    got.extend(run(&mut s, piece, Gap::None));
                 }
                 assert_eq!(got.len(), 1);
                 let first = got[0].clone().expect("a frame");
@@ -759,30 +780,30 @@ mod tests {
         };
         let mut s = FrameSplitter::with_limits(8192, limits);
         let batch = format!("[{}]\n", "1,".repeat(1000) + "1");
-        let got = run(&mut s, batch.as_bytes(), false);
+        let got = run(&mut s, batch.as_bytes(), Gap::None);
         assert_eq!(got, vec![Ok(batch.trim_end().as_bytes().to_vec())]);
         let line = format!("{}\n", "y".repeat(3000));
         assert_eq!(
-            run(&mut s, line.as_bytes(), false),
+            run(&mut s, line.as_bytes(), Gap::None),
             vec![Ok(vec![b'y'; 3000])]
         );
         let junk = format!("{{{}\n", "y".repeat(3000));
-        assert_eq!(run(&mut s, junk.as_bytes(), false), vec![Err(3001)]);
+        assert_eq!(run(&mut s, junk.as_bytes(), Gap::None), vec![Err(3001)]);
     }
 
     #[test]
     fn splits_on_newline_and_tolerates_crlf() {
         let mut s = FrameSplitter::new(1024);
-        let got = run(&mut s, b"{\"a\":1}\r\n{\"b\"", false);
+        let got = run(&mut s, b"{\"a\":1}\r\n{\"b\"", Gap::None);
         assert_eq!(got, vec![Ok(b"{\"a\":1}".to_vec())]);
-        let got = run(&mut s, b":2}\n\n", false);
+        let got = run(&mut s, b":2}\n\n", Gap::None);
         assert_eq!(got, vec![Ok(b"{\"b\":2}".to_vec()), Ok(vec![])]);
     }
 
     #[test]
     fn last_frame_without_newline_is_flushed() {
         let mut s = FrameSplitter::new(1024);
-        assert!(run(&mut s, b"{\"x\":1}", false).is_empty());
+        assert!(run(&mut s, b"{\"x\":1}", Gap::None).is_empty());
         let mut got = Vec::new();
         s.flush(|f| {
             if let Split::Frame(b) = f {
@@ -795,10 +816,10 @@ mod tests {
     #[test]
     fn oversize_frames_are_measured_not_held() {
         let mut s = FrameSplitter::new(10);
-        let mut got = run(&mut s, b"0123456789ABC", false);
+        let mut got = run(&mut s, b"0123456789ABC", Gap::None);
         assert!(got.is_empty());
         assert!(s.buffered_capacity() <= 16);
-        got.extend(run(&mut s, b"DEF\r\nok\n", false));
+        got.extend(run(&mut s, b"DEF\r\nok\n", Gap::None));
         assert_eq!(got, vec![Err(16), Ok(b"ok".to_vec())]);
     }
 
@@ -815,13 +836,13 @@ mod tests {
         let mut s = FrameSplitter::with_limits(1, limits);
         let mut got = Vec::new();
         for chunk in [&b"]"[..], b"\r", b"\n"] {
-            got.extend(run(&mut s, chunk, false));
+            got.extend(run(&mut s, chunk, Gap::None));
         }
         assert_eq!(got, vec![Err(1)]);
         // The same at the end of the stream, and when the `\r` came after the cap was passed.
         let mut s = FrameSplitter::new(2);
-        assert!(run(&mut s, b"abc", false).is_empty());
-        assert!(run(&mut s, b"\r", false).is_empty());
+        assert!(run(&mut s, b"abc", Gap::None).is_empty());
+        assert!(run(&mut s, b"\r", Gap::None).is_empty());
         let mut last = Vec::new();
         s.flush(|f| {
             if let Split::Oversize(n) = f {
@@ -836,8 +857,8 @@ mod tests {
         let mut s = FrameSplitter::new(DEFAULT_FRAME_CAP);
         // Not an object, so held whole up to the cap.
         let big = vec![b'x'; 3 * KEEP_BUFFER_BYTES];
-        assert!(run(&mut s, &big, false).is_empty());
-        let got = run(&mut s, b"\n", false);
+        assert!(run(&mut s, &big, Gap::None).is_empty());
+        let got = run(&mut s, b"\n", Gap::None);
         assert_eq!(got.len(), 1);
         assert_eq!(s.buffered_capacity(), 0);
     }
@@ -845,9 +866,9 @@ mod tests {
     #[test]
     fn gap_resynchronises_at_next_newline() {
         let mut s = FrameSplitter::new(1024);
-        assert!(run(&mut s, b"{\"first\":", false).is_empty());
+        assert!(run(&mut s, b"{\"first\":", Gap::None).is_empty());
         // The chunk carrying the end of "first" and the start of "second" was dropped.
-        let got = run(&mut s, b"nd\":2}\n{\"third\":3}\n", true);
+        let got = run(&mut s, b"nd\":2}\n{\"third\":3}\n", Gap::InsideLine);
         assert_eq!(got, vec![Ok(b"{\"third\":3}".to_vec())]);
         assert_eq!(
             s.take_discarded(),
@@ -856,7 +877,7 @@ mod tests {
         );
         assert_eq!(s.take_discarded(), 0);
         // A gap, then the session ends inside the message it damaged: lost too.
-        assert!(run(&mut s, b"{\"fourth\":", true).is_empty());
+        assert!(run(&mut s, b"{\"fourth\":", Gap::InsideLine).is_empty());
         s.flush(|_| panic!("a damaged message is never handed on"));
         assert_eq!(s.take_discarded(), 1);
         // A gap with nothing after it before the end: nothing more is lost.
@@ -913,7 +934,7 @@ mod tests {
             let mut got = Vec::new();
             let mut prev = 0;
             for c in cuts.into_iter().chain(std::iter::once(stream.len())) {
-                got.extend(run(&mut s, &stream[prev..c], false));
+                got.extend(run(&mut s, &stream[prev..c], Gap::None));
                 prev = c;
             }
             let want: Vec<Result<Vec<u8>, u64>> =
@@ -957,13 +978,8 @@ mod tests {
                     gap = true;
                     gap_ended_line = chunk.ends_with(b"\n");
                 } else {
-                    let after_gap = std::mem::take(&mut gap);
-                    if after_gap && line_ends && gap_ended_line {
-                        s.lost_to_line_end();
-                        handed.extend(run(&mut s, chunk, false));
-                    } else {
-                        handed.extend(run(&mut s, chunk, after_gap));
-                    }
+                    let gap = Gap::of(std::mem::take(&mut gap), line_ends && gap_ended_line);
+                    handed.extend(run(&mut s, chunk, gap));
                 }
             }
             if gap {
@@ -980,15 +996,42 @@ mod tests {
         }
     }
 
+    /// After a drop that ended a line, the chunk starts a message and what was held is gone;
+    /// a chunk that continues a trimmed frame (bytes skipped right before it) cannot follow such
+    /// a drop, and were it to, its bytes up to the first newline are discarded as after any gap.
+    #[test]
+    fn a_gap_at_a_line_end_keeps_the_chunk_unless_it_continues_a_trimmed_frame() {
+        for (skipped, want, discarded) in [
+            (0, vec![&b"{\"a\":1}"[..], b"{\"b\":2}"], 0),
+            (9, vec![b"{\"b\":2}"], 1),
+        ] {
+            let mut s = FrameSplitter::new(1024);
+            assert!(run(&mut s, b"{\"held\":", Gap::None).is_empty());
+            let mut got = Vec::new();
+            s.push(
+                b"{\"a\":1}\n{\"b\":2}\n",
+                Gap::AtLineEnd,
+                skipped,
+                |f| match f {
+                    Split::Frame(b) => got.push(b.to_vec()),
+                    other => panic!("{other:?}"),
+                },
+            );
+            assert_eq!(got, want, "skipped {skipped}");
+            assert_eq!(s.take_discarded(), discarded, "skipped {skipped}");
+            assert!(s.is_empty());
+        }
+    }
+
     #[test]
     fn without_summaries_a_large_object_is_one_whole_frame_and_the_splitter_empties() {
         let mut s = FrameSplitter::without_summaries(DEFAULT_FRAME_CAP);
         let mut frame = big_result(7, 2 * WHOLE_FRAME_BYTES, false);
         frame.push(b'\n');
         let (a, b) = frame.split_at(1000);
-        assert!(run(&mut s, a, false).is_empty());
+        assert!(run(&mut s, a, Gap::None).is_empty());
         assert!(!s.is_empty(), "part of a frame held");
-        let got = run(&mut s, b, false);
+        let got = run(&mut s, b, Gap::None);
         assert_eq!(got, vec![Ok(frame[..frame.len() - 1].to_vec())]);
         assert!(s.is_empty());
     }

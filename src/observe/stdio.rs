@@ -29,7 +29,7 @@ use crate::pace::Pacer;
 use crate::tap::{Arrival, Direction, Drained, TapMsg, TapReceiver};
 
 use super::correlate::opposite;
-use super::frame::{FrameSplitter, Split, DEFAULT_FRAME_CAP};
+use super::frame::{FrameSplitter, Gap, Split, DEFAULT_FRAME_CAP};
 use super::observer::Observer;
 use super::{EndCause, ObserverStats, StreamId, TICK};
 
@@ -575,17 +575,11 @@ pub async fn run_tap_observer_with<S: EventSink>(
                     if c.after_gap {
                         observer.on_gap(c.seen);
                     }
-                    // A drop that ended at a newline leaves nothing of a message to skip (a chunk
-                    // that continues a trimmed frame cannot follow one; were it to, resync).
-                    let line_start = c.after_gap && c.gap_ended_line && c.skipped == 0;
-                    let resync = c.after_gap && !line_start;
-                    if line_start {
-                        splitters[i].lost_to_line_end();
-                    }
                     last_seen[i] = Some(c.seen);
                     let other = ahead_of(&rx, &unsplit, opposite(c.dir));
                     let before = observer.stats.events;
-                    splitters[i].push(&c.bytes, resync, c.skipped, |s| {
+                    let gap = Gap::of(c.after_gap, c.gap_ended_line);
+                    splitters[i].push(&c.bytes, gap, c.skipped, |s| {
                         reorder.push(&mut observer, c.dir, c.seen, &c.bytes, s, other);
                         pacer.pace();
                         frames += 1;

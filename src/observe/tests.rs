@@ -53,7 +53,7 @@ impl T {
         let at = self.at(ms);
         let obs = &mut self.obs;
         let mut sp = frame::FrameSplitter::default();
-        sp.push(line.as_bytes(), false, 0, |s| match s {
+        sp.push(line.as_bytes(), frame::Gap::None, 0, |s| match s {
             Split::Frame(f) => obs.on_frame(StreamId(0), dir, at, f),
             Split::Summary { skeleton, len } => {
                 obs.on_summary_frame(StreamId(0), dir, at, skeleton, len)
