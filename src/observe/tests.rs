@@ -436,6 +436,76 @@ fn registry_version_follows_the_catalog() {
     );
 }
 
+/// A call's event carries the session's facts as they are at its answer, whichever of them
+/// changed while it was open: the observer keeps the snapshot taken at the request only while
+/// it still says the same (`refresh_session`).
+#[test]
+fn an_event_carries_the_session_facts_of_its_answer() {
+    let mut t = T::new();
+    let init = |id: u64, client: &str| {
+        json!({"jsonrpc":"2.0","id":format!("i{id}"),"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","clientInfo":{"name":client,"version":"1"},
+            "capabilities":{}}})
+    };
+    t.send(C2S, 0, call(json!(1), "a", json!({})));
+    t.send(C2S, 1, init(1, "c1"));
+    t.send(C2S, 2, call(json!(2), "a", json!({})));
+    t.send(
+        S2C,
+        3,
+        json!({"jsonrpc":"2.0","id":"i1","result":{"protocolVersion":"2025-03-26",
+            "serverInfo":{"name":"s","version":"1"},"capabilities":{}}}),
+    );
+    t.send(S2C, 4, ok(json!(1)));
+    t.send(S2C, 5, ok(json!(2)));
+    t.send(C2S, 6, call(json!(3), "a", json!({})));
+    t.send(
+        C2S,
+        7,
+        json!({"jsonrpc":"2.0","id":"l","method":"tools/list"}),
+    );
+    t.send(
+        S2C,
+        8,
+        json!({"jsonrpc":"2.0","id":"l","result":{"tools":[{"name":"a","inputSchema":{"type":"object"}}]}}),
+    );
+    t.send(S2C, 9, ok(json!(3)));
+    t.send(C2S, 10, call(json!(4), "a", json!({})));
+    t.send(S2C, 11, ok(json!(4)));
+    t.send(C2S, 12, call(json!(5), "a", json!({})));
+    t.send(C2S, 13, init(2, "c2"));
+    t.send(S2C, 14, ok(json!(5)));
+    let (_, events) = t.finish(20, EndCause::SessionEnd);
+    let facts: Vec<_> = events
+        .iter()
+        .map(|e| {
+            let s = e.session.as_ref().expect("session");
+            (
+                s.protocol.as_deref().map(str::to_owned),
+                s.client.as_deref().map(str::to_owned),
+                s.catalog.and_then(|c| c.tools),
+            )
+        })
+        .collect();
+    let negotiated = Some("2025-03-26".to_owned());
+    let (c1, c2) = (Some("c1".to_owned()), Some("c2".to_owned()));
+    assert_eq!(
+        facts,
+        [
+            // Made before `initialize`: every fact came later.
+            (negotiated.clone(), c1.clone(), None),
+            // Made when only the requested version was known.
+            (negotiated.clone(), c1.clone(), None),
+            // Made before the list.
+            (negotiated.clone(), c1.clone(), Some(1)),
+            // Nothing changed while it was open.
+            (negotiated.clone(), c1, Some(1)),
+            // The client named itself anew.
+            (negotiated, c2, Some(1)),
+        ]
+    );
+}
+
 #[test]
 fn a_tools_list_too_large_to_read_whole_clears_the_registry_version() {
     let mut t = T::new();
