@@ -97,6 +97,9 @@ pub(super) fn clear_session_id() -> String {
     }
 }
 
+/// A session's id, protocol and client, borrowed from the observer (`session_strings`).
+type SessionStrings<'s> = (&'s SharedStr, Option<&'s SharedStr>, Option<&'s SharedStr>);
+
 /// The names a call's event carries for its tool: `rec.action` and `dest.pathTemplate`.
 #[derive(Debug, Clone)]
 pub struct ToolName {
@@ -237,22 +240,13 @@ impl<S: EventSink> Observer<S> {
     }
 
     pub(super) fn session_for(&self, scope: StreamId) -> Option<Session> {
-        let (id, protocol, client) = self.session_strings(scope)?;
-        Some(Session {
-            id: id.clone(),
-            protocol: protocol.cloned(),
-            client: client.cloned(),
-            catalog: self.catalog.size(),
-        })
+        self.session_strings(self.scopes.get(&scope))
+            .map(|strings| self.session_of(strings))
     }
 
-    /// The strings of [`Self::session_for`], borrowed: its id (none, no session), protocol and
-    /// client.
-    fn session_strings(
-        &self,
-        scope: StreamId,
-    ) -> Option<(&SharedStr, Option<&SharedStr>, Option<&SharedStr>)> {
-        let info = self.scopes.get(&scope);
+    /// The strings of [`Self::session_for`] for a scope's facts (none: the scope is not
+    /// known), borrowed: its id (none, no session), protocol and client.
+    fn session_strings<'s>(&'s self, info: Option<&'s ScopeInfo>) -> Option<SessionStrings<'s>> {
         let id = match self.cfg.transport {
             Transport::Stdio => Some(&self.stdio_session),
             Transport::Http { .. } => info.and_then(|i| i.session_id.as_ref()),
@@ -265,15 +259,25 @@ impl<S: EventSink> Observer<S> {
         Some((id, protocol, info.and_then(|i| i.client.as_ref())))
     }
 
+    /// The event's session of [`Self::session_strings`]: each string cloned.
+    fn session_of(&self, (id, protocol, client): SessionStrings<'_>) -> Session {
+        Session {
+            id: id.clone(),
+            protocol: protocol.cloned(),
+            client: client.cloned(),
+            catalog: self.catalog.size(),
+        }
+    }
+
     /// What [`Self::session_for`] says now, or else `snapshot`, when the scope is still open;
     /// `snapshot` when it is gone. A snapshot that says what `session_for` would is returned
     /// as it is: a new one would clone its strings again, and each clone and its drop are two
     /// atomic operations (bench/README.md, "Atomic reference counts").
     fn refresh_session(&self, scope: StreamId, snapshot: Option<Session>) -> Option<Session> {
-        if !self.scopes.contains_key(&scope) {
+        let Some(info) = self.scopes.get(&scope) else {
             return snapshot;
-        }
-        let Some((id, protocol, client)) = self.session_strings(scope) else {
+        };
+        let Some((id, protocol, client)) = self.session_strings(Some(info)) else {
             return snapshot;
         };
         match snapshot {
@@ -285,7 +289,7 @@ impl<S: EventSink> Observer<S> {
             {
                 Some(s)
             }
-            _ => self.session_for(scope),
+            _ => Some(self.session_of((id, protocol, client))),
         }
     }
 
