@@ -780,9 +780,9 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// A frame of `v`, newline-ended.
+/// A frame of `v`, newline-ended, as the tap hands it over ([`line`]).
 fn json_line(v: Value) -> bytes::Bytes {
-    bytes::Bytes::from(format!("{v}\n"))
+    bytes::Bytes::from(line(v))
 }
 
 /// A stdio observer on a fresh tap, after call 1 (`a`) and its answer were observed.
