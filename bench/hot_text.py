@@ -98,9 +98,18 @@ def functions(record: Path, wrapper: str) -> list[str]:
     return list(seen)
 
 
-def symbols(wrapper: str) -> set[str]:
-    out = subprocess.run(["nm", "--defined-only", wrapper], capture_output=True, text=True, check=True)
-    return {p[2] for p in (line.split() for line in out.stdout.splitlines()) if len(p) == 3}
+def symbols(wrapper: str) -> dict[str, tuple[str, int, int | None]]:
+    """Every defined symbol of the wrapper: its type letter, address and size (None where `nm`
+    knows none), the first definition of a name."""
+    out = subprocess.run(["nm", "-S", "--defined-only", wrapper], capture_output=True, text=True,
+                         check=True)
+    found: dict[str, tuple[str, int, int | None]] = {}
+    for p in (line.split() for line in out.stdout.splitlines()):
+        if len(p) == 4:
+            found.setdefault(p[3], (p[2], int(p[0], 16), int(p[1], 16)))
+        elif len(p) == 3:
+            found.setdefault(p[2], (p[1], int(p[0], 16), None))
+    return found
 
 
 def pattern(name: str) -> str:
@@ -132,12 +141,8 @@ def check(wrapper: str, limit: int) -> None:
     """
     wrapper = str(Path(wrapper).resolve())
     start, end = hot_range(wrapper)
-    out = subprocess.run(["nm", "-S", "--defined-only", wrapper], capture_output=True, text=True,
-                         check=True)
-    place: dict[str, tuple[int, int]] = {}
-    for p in (line.split() for line in out.stdout.splitlines()):
-        if len(p) == 4 and p[2] in "tTwW":
-            place.setdefault(p[3], (int(p[0], 16), int(p[1], 16)))
+    place = {name: (addr, size) for name, (kind, addr, size) in symbols(wrapper).items()
+             if kind in "tTwW" and size is not None}
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "callgrind"
         session(wrapper, ["--ingest", f"file:{tmp}/events.jsonl"], record)
