@@ -17,8 +17,14 @@
 //! Why the batch class plus pacing, the scheduler traces and the rejected variants (nice alone,
 //! the idle class, sleeping instead of yielding): `bench/README.md`, "Pacing the observer".
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// While it may pace, [`Pacer::pace`] reads the clock on one call in this many. A call comes per
+/// frame and per event, each a microsecond or less of work, so a slice runs over by a few
+/// microseconds at most; reading the clock on every call cost about 20 ns each, three times per
+/// `tools/call` (`bench/README.md`, "Clock reads per call").
+pub const PACE_STRIDE: u32 = 8;
 
 /// How many nice levels below the wrapper's own the observer's threads run (at most to 19, the
 /// kernel's lowest). Relative, not a fixed nice 19: what decides how much of a shared CPU the
@@ -154,9 +160,9 @@ pub const PACE_UNTIL: u64 = crate::tap::TAP_BUDGET_BYTES as u64 / 2;
 /// Called often ([`Pacer::pace`], per frame and per event) from the observer's one runtime
 /// thread, where the observer and the reporter both run; the rest is a blocking sleep, so it
 /// rests both. Cheap when it has nothing to do: at most three relaxed loads when the CPU is not
-/// shared, the observer is not far behind or no traffic flows, a monotonic clock read
-/// otherwise, and the thread's CPU clock (a system call) only once a slice of wall time has
-/// passed.
+/// shared, the observer is not far behind or no traffic flows; otherwise a monotonic clock read
+/// on one call in [`PACE_STRIDE`], and the thread's CPU clock (a system call) only once a slice
+/// of wall time has passed.
 #[derive(Debug)]
 pub struct Pacer {
     /// The process may run on one CPU only (affinity, cgroup quota): observer and relay share it.
@@ -172,6 +178,9 @@ pub struct Pacer {
     live_at: AtomicU64,
     /// How far behind the relay the observer is, in tap bytes (see [`Pacer::set_backlog`]).
     backlog: AtomicU64,
+    /// Calls of [`Pacer::pace`] left before it reads the clock again (see [`PACE_STRIDE`]). Only
+    /// the observer's thread paces, so a load and a store suffice.
+    skip: AtomicU32,
     /// Rests and yields taken (for `--debug` totals and tests).
     rests: AtomicU64,
     yields: AtomicU64,
@@ -195,6 +204,7 @@ impl Pacer {
             origin: Instant::now(),
             live_at: AtomicU64::new(0),
             backlog: AtomicU64::new(0),
+            skip: AtomicU32::new(0),
             rests: AtomicU64::new(0),
             yields: AtomicU64::new(0),
         }
@@ -253,6 +263,12 @@ impl Pacer {
         if !live && live_at == 0 {
             return false;
         }
+        let skip = self.skip.load(Ordering::Relaxed);
+        if skip > 0 {
+            self.skip.store(skip - 1, Ordering::Relaxed);
+            return false;
+        }
+        self.skip.store(PACE_STRIDE - 1, Ordering::Relaxed);
         let wall = self.wall_ns();
         if !live && wall.saturating_sub(live_at) >= PACE_RECENT.as_nanos() as u64 {
             return false;
@@ -309,6 +325,12 @@ fn thread_cpu_ns() -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// [`PACE_STRIDE`] calls of `pace`, as the observer makes them in a row: exactly one of them
+    /// reads the clock and decides.
+    fn look(p: &Pacer) -> bool {
+        (0..PACE_STRIDE).fold(false, |paced, _| p.pace() | paced)
+    }
+
     fn spin(d: Duration) {
         let until = thread_cpu_ns().expect("thread clock") + d.as_nanos() as u64;
         while thread_cpu_ns().expect("thread clock") < until {
@@ -321,39 +343,39 @@ mod tests {
         let p = Pacer::new(true);
         // No traffic: never rests, however long it works.
         spin(PACE_SLICE * 3);
-        assert!(!p.pace());
+        assert!(!look(&p));
         // Traffic, but less than the threshold behind: finishes it in one stretch.
         p.set_live(true);
         p.set_backlog(PACE_BEHIND - 1);
-        assert!(!p.pace());
+        assert!(!look(&p));
         for _ in 0..4 {
             spin(PACE_SLICE * 2);
-            assert!(!p.pace(), "nothing to pace below the backlog threshold");
+            assert!(!look(&p), "nothing to pace below the backlog threshold");
         }
         assert_eq!(p.rests() + p.yields(), 0);
         p.set_backlog(PACE_BEHIND);
         p.set_live(true);
-        assert!(!p.pace(), "the first call only starts a stretch");
+        assert!(!look(&p), "the first call only starts a stretch");
         // A full slice of CPU in a stretch it held the CPU for. (Retried: a test thread
         // preempted mid-spin has, rightly, not held the CPU.)
         let t0 = Instant::now();
         let rested = (0..50).any(|_| {
             spin(PACE_SLICE * 2);
-            p.pace()
+            look(&p)
         });
         assert!(rested, "a thread working flat out rests");
         assert!(t0.elapsed() >= PACE_REST, "it slept");
         // A stretch spent mostly waiting (running in the gaps) is no reason to rest.
         std::thread::sleep(PACE_SLICE * 10);
         spin(PACE_SLICE + PACE_SLICE / 2);
-        assert!(!p.pace());
+        assert!(!look(&p));
         // Nothing new at the last look, but chunks came recently: it yields, it does not sleep.
         p.set_live(true);
         p.set_live(false);
         let rests = p.rests();
         let yielded = (0..50).any(|_| {
             spin(PACE_SLICE * 2);
-            p.pace()
+            look(&p)
         });
         assert!(
             yielded && p.yields() > 0,
@@ -366,7 +388,7 @@ mod tests {
         let paced = (p.rests(), p.yields());
         for _ in 0..4 {
             spin(PACE_SLICE * 2);
-            assert!(!p.pace(), "no pacing past PACE_UNTIL");
+            assert!(!look(&p), "no pacing past PACE_UNTIL");
         }
         assert_eq!((p.rests(), p.yields()), paced);
         p.set_backlog(PACE_BEHIND);
@@ -374,26 +396,44 @@ mod tests {
         // Nothing new for a while: flat out again.
         std::thread::sleep(PACE_RECENT);
         spin(PACE_SLICE * 2);
-        assert!(!p.pace());
+        assert!(!look(&p));
         // Nor once the session is closing, however recent the chunks.
         p.set_live(true);
         p.set_closing();
         spin(PACE_SLICE * 2);
-        assert!(!p.pace());
+        assert!(!look(&p));
         spin(PACE_SLICE * 2);
-        assert!(!p.pace());
+        assert!(!look(&p));
+    }
+
+    /// Between two looks at the clock, calls only count down: a thread that used a full slice
+    /// rests on the call that looks, not before.
+    #[test]
+    fn decides_on_one_call_in_a_stride() {
+        let p = Pacer::new(true);
+        p.set_backlog(PACE_BEHIND);
+        p.set_live(true);
+        assert!(!p.pace(), "a new pacer looks at once: the stretch starts");
+        let rested = (0..50).any(|_| {
+            spin(PACE_SLICE * 2);
+            for _ in 1..PACE_STRIDE {
+                assert!(!p.pace(), "no look between strides");
+            }
+            p.pace()
+        });
+        assert!(rested, "a thread working flat out rests");
     }
 
     #[test]
     fn never_rests_on_a_cpu_of_its_own() {
         let p = Pacer::new(false);
         p.set_live(true);
-        assert!(!p.pace());
+        assert!(!look(&p));
         spin(PACE_SLICE * 3);
-        assert!(!p.pace());
+        assert!(!look(&p));
         p.set_live(false);
         spin(PACE_SLICE * 3);
-        assert!(!p.pace());
+        assert!(!look(&p));
         assert_eq!((p.rests(), p.yields()), (0, 0));
         assert!(!p.shared_cpu());
     }

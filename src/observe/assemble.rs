@@ -14,7 +14,7 @@
 //! hashes, never its description; and gives every error its fingerprint (`err.fp`, see
 //! [`super::fingerprint`]).
 
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
@@ -157,12 +157,35 @@ impl ToolNames {
     }
 }
 
-/// The wall-clock time of a monotonic instant in the recent past.
-pub(super) fn wall_clock(seen: Instant) -> SystemTime {
-    let age = Instant::now().saturating_duration_since(seen);
-    SystemTime::now()
-        .checked_sub(age)
-        .unwrap_or_else(SystemTime::now)
+/// How far (in relay time) a stamp may lie from where [`WallClock`] last read both clocks before
+/// it reads them again. The system clock may be slewed by up to 500 ppm, 50 µs over this span,
+/// well under the millisecond events are stamped to; a clock that is set anew shows within it.
+const WALL_ANCHOR_SPAN: Duration = Duration::from_millis(100);
+
+/// Wall-clock times of the relay's monotonic stamps. Reading both clocks took about 50 ns,
+/// once per request; their difference holds still between settings of the system clock, so it
+/// is read again only for a stamp more than [`WALL_ANCHOR_SPAN`] from where it was last read
+/// (`bench/README.md`, "Clock reads per call").
+#[derive(Debug, Default)]
+pub(super) struct WallClock(Option<(Instant, SystemTime)>);
+
+impl WallClock {
+    /// The wall-clock time of `seen`, a stamp from the recent past.
+    pub(super) fn at(&mut self, seen: Instant) -> SystemTime {
+        let near = |at: Instant| {
+            seen.saturating_duration_since(at) <= WALL_ANCHOR_SPAN
+                && at.saturating_duration_since(seen) <= WALL_ANCHOR_SPAN
+        };
+        let (at, wall) = match self.0 {
+            Some(anchor) if near(anchor.0) => anchor,
+            _ => *self.0.insert((Instant::now(), SystemTime::now())),
+        };
+        match seen.checked_duration_since(at) {
+            Some(later) => wall.checked_add(later),
+            None => wall.checked_sub(at.saturating_duration_since(seen)),
+        }
+        .unwrap_or(wall)
+    }
 }
 
 impl<S: EventSink> Observer<S> {
@@ -430,7 +453,7 @@ impl<S: EventSink> Observer<S> {
         let event = Event {
             v: crate::event::EVENT_SCHEMA_VERSION,
             id: new_event_id(),
-            ts: rfc3339_ms(wall_clock(seen)),
+            ts: rfc3339_ms(self.wall.at(seen)),
             class: EventClass::Drift,
             rec: Rec {
                 rail: SENSOR_RAIL.into(),
@@ -462,5 +485,37 @@ impl<S: EventSink> Observer<S> {
         };
         self.stats.events += 1;
         self.sink.emit(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stamps near where the clocks were read are converted by the same difference, exactly;
+    /// a stamp further away reads them anew, so a system clock that was set shows there.
+    #[test]
+    fn wall_clock_times_keep_their_distances_and_follow_a_clock_set_anew() {
+        let mut clock = WallClock::default();
+        let base = Instant::now();
+        let ms = Duration::from_millis;
+        let at_base = clock.at(base);
+        let now = SystemTime::now();
+        let off = now.duration_since(at_base).unwrap_or_else(|e| e.duration());
+        assert!(off < Duration::from_secs(1), "{at_base:?} against {now:?}");
+        let earlier = base.checked_sub(ms(60)).expect("an uptime over 60 ms");
+        assert_eq!(clock.at(earlier), at_base - ms(60));
+        assert_eq!(clock.at(base + ms(60)), at_base + ms(60));
+
+        // The system clock set to 1970 at `base`: stamps within the span keep the difference
+        // read before, the first one past it reads the clocks again.
+        let set = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        clock.0 = Some((base, set));
+        assert_eq!(clock.at(base + ms(10)), set + ms(10));
+        assert_eq!(clock.at(earlier), set - ms(60));
+        let later = base + WALL_ANCHOR_SPAN + ms(1);
+        let fresh = clock.at(later);
+        assert!(fresh > now, "{fresh:?} read anew");
+        assert_ne!(clock.0.map(|a| a.0), Some(base));
     }
 }

@@ -40,7 +40,7 @@ use serde_json::Value;
 use crate::event::{EventSink, Session, SharedStr};
 use crate::tap::Direction;
 
-use super::assemble::{clean, wall_clock, ToolName, MAX_INFO_LEN};
+use super::assemble::{clean, ToolName, MAX_INFO_LEN};
 use super::observer::{CounterMap, Observer, Size};
 use super::outcome::{Answer, Outcome};
 use super::peek::{lenient_str, peek, Lenient, Peek, RpcId};
@@ -528,7 +528,7 @@ impl<S: EventSink> Observer<S> {
             scope_open: true,
             tool,
             started: seen,
-            started_wall: wall_clock(seen),
+            started_wall: self.wall.at(seen),
             last_activity: seen,
             fields: fields.filter(|f| !f.is_empty()).map(Vec::into_boxed_slice),
             on_behalf_of,

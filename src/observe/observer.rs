@@ -17,7 +17,9 @@ use crate::event::privacy::CapturePolicy;
 use crate::event::{EventSink, SharedStr};
 use crate::tap::Direction;
 
-use super::assemble::{clean, clear_session_id, dest_host, ScopeInfo, ToolNames, MAX_INFO_LEN};
+use super::assemble::{
+    clean, clear_session_id, dest_host, ScopeInfo, ToolNames, WallClock, MAX_INFO_LEN,
+};
 use super::catalog::Catalog;
 use super::correlate::{Action, ActionState, Early, Key, OpenRequests, Pending, PendingKind};
 use super::frame::{split_batch, Split};
@@ -134,6 +136,8 @@ pub struct Observer<S: EventSink> {
     pub(super) header_trace: Option<TraceContext>,
     /// When the observer started: a stdio session's start.
     pub(super) created: Instant,
+    /// Turns relay stamps into the wall-clock times events carry.
+    pub(super) wall: WallClock,
 }
 
 impl<S: EventSink> Observer<S> {
@@ -173,6 +177,7 @@ impl<S: EventSink> Observer<S> {
             server_version: None,
             header_trace: None,
             created: Instant::now(),
+            wall: WallClock::default(),
             tap_dropped_bytes: 0,
             health_sent: Health::default(),
         }
@@ -404,8 +409,8 @@ impl<S: EventSink> Observer<S> {
         if let Some(info) = self.scopes.remove(&scope) {
             if let (Some(opened), true) = (info.opened, self.sink.wants_call_facts()) {
                 self.sink.session_ended(SessionFacts {
-                    start: super::assemble::wall_clock(opened),
-                    end: super::assemble::wall_clock(seen),
+                    start: self.wall.at(opened),
+                    end: self.wall.at(seen),
                     protocol: info.protocol_negotiated.or(info.protocol_requested),
                     transport_failed: cause == EndCause::Transport,
                 });
@@ -471,8 +476,8 @@ impl<S: EventSink> Observer<S> {
         if self.cfg.transport == super::Transport::Stdio && self.sink.wants_call_facts() {
             let protocol = self.session_for(StreamId(0)).and_then(|s| s.protocol);
             self.sink.session_ended(SessionFacts {
-                start: super::assemble::wall_clock(self.created),
-                end: super::assemble::wall_clock(now),
+                start: self.wall.at(self.created),
+                end: self.wall.at(now),
                 protocol,
                 transport_failed: cause == EndCause::Transport,
             });
