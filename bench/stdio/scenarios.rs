@@ -41,6 +41,11 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(30);
 
 const MIB: f64 = 1024.0;
 
+/// Where the contended row also reads the sequential calls' latency: of the full run's 1,000
+/// calls p99 is the tenth slowest, and the percentiles around it show whether a miss is a band
+/// of calls that got slower or a few stalls.
+const TAIL_PERCENTILES: [f64; 4] = [90.0, 95.0, 99.0, 99.5];
+
 /// What the scenarios run, and how much of it.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -166,6 +171,9 @@ pub struct ContendedRec {
     pub errors: Vec<String>,
     pub seq_p50_us: Option<f64>,
     pub seq_p99_us: Option<f64>,
+    /// The sequential calls at [`TAIL_PERCENTILES`], µs.
+    #[serde(default)]
+    pub seq_tail_us: Option<[f64; TAIL_PERCENTILES.len()]>,
     pub burst_calls_per_s: Option<f64>,
     /// Close → the server's exit, after the burst, ms.
     pub burst_server_exit_ms: Option<f64>,
@@ -529,6 +537,7 @@ fn contended_seq(
     lat.sort();
     rec.seq_p50_us = Some(percentile(&lat, 50.0));
     rec.seq_p99_us = Some(percentile(&lat, 99.0));
+    rec.seq_tail_us = Some(TAIL_PERCENTILES.map(|p| percentile(&lat, p)));
     let w = sess.close_watched(EXIT_DEADLINE);
     rec.seq_exit_ms = w.close_to_exit.map(|d| d.as_secs_f64() * 1e3);
     rec.seq_ending = Some(w.ending);
@@ -992,6 +1001,22 @@ fn render_contended(o: &mut String, plan: &Plan, res: &Results) {
                     }
                 }
             }
+        }
+        let _ = writeln!(
+            o,
+            "  sequential calls at p{} / p{} / p{} / p{}, µs (medians):",
+            TAIL_PERCENTILES[0], TAIL_PERCENTILES[1], TAIL_PERCENTILES[2], TAIL_PERCENTILES[3]
+        );
+        for name in names(recs_here.iter().map(|r| &r.target)) {
+            let tails: Vec<[f64; TAIL_PERCENTILES.len()]> = recs_here
+                .iter()
+                .filter(|r| &r.target == name)
+                .filter_map(|r| r.seq_tail_us)
+                .collect();
+            let cols: Vec<String> = (0..TAIL_PERCENTILES.len())
+                .map(|k| f(median(tails.iter().map(|t| t[k]).collect()), 1))
+                .collect();
+            let _ = writeln!(o, "  {name:<20} {}", cols.join(" / "));
         }
     }
     let _ = writeln!(
