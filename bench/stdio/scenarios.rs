@@ -1004,8 +1004,8 @@ fn render_contended(o: &mut String, plan: &Plan, res: &Results) {
         }
         let _ = writeln!(
             o,
-            "  sequential calls at p{} / p{} / p{} / p{}, µs (medians):",
-            TAIL_PERCENTILES[0], TAIL_PERCENTILES[1], TAIL_PERCENTILES[2], TAIL_PERCENTILES[3]
+            "  sequential calls at {}, µs (medians):",
+            TAIL_PERCENTILES.map(|p| format!("p{p}")).join(" / ")
         );
         for name in names(recs_here.iter().map(|r| &r.target)) {
             let tails: Vec<[f64; TAIL_PERCENTILES.len()]> = recs_here
