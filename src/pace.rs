@@ -136,14 +136,15 @@ pub const PACE_RECENT: Duration = Duration::from_millis(5);
 /// How far behind the relay the observer must be (tap bytes passed to it and not yet read,
 /// whether taken at its last look or still queued) before it paces at all. Below it the
 /// observer finishes its work in one stretch: between sequential calls that is one linger's
-/// worth (`observe::stdio::TAP_LINGER`, 2 ms, of calls: about 65 KB at the fastest, 7 µs a
-/// call), and cutting it into slices only spreads the same work over more
+/// worth (`observe::stdio::TAP_LINGER`, 2 ms, of calls: 65–77 KB at the benchmark's 6–7 µs and
+/// 219 bytes a call), and cutting it into slices only spreads the same work over more
 /// calls, so that more of them wait for it (a slice ends in a yield, and each resumed slice
-/// holds up another call). Twice that, so a sequential session stays below it; a pipelined
+/// holds up another call). About twice that, so a sequential session seldom reaches it (the
+/// benchmark's pinned 2,200 calls: 11 yields, 0–4 at 256 KiB, and the same p99); a pipelined
 /// burst passes it within about 600 calls and puts megabytes behind it, and there pacing lets
 /// the relay go first. Every byte below the threshold is a burst's start worked flat out: at
 /// 256 KiB that was about 1,200 calls of observing inside a 20,000-call pinned burst, and the
-/// burst ran at 0.90 × the minimal relay's rate; at 128 KiB, 0.98, with added p99 and the
+/// burst ran at 0.91 × the minimal relay's rate; at 128 KiB, 0.97, with added p99 and the
 /// contended row unchanged (`bench/README.md`, "The pace starts at 128 KiB behind").
 pub const PACE_BEHIND: u64 = 128 * 1024;
 
