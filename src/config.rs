@@ -114,8 +114,10 @@ pub struct BenchSwitches {
     pub summary: bool,
     /// `trim`: the tap passes only the head and tail of a large frame (`crate::tap`).
     pub trim: bool,
-    /// `prefault`: the relay faults in the blocks a burst takes fresh in one call each
-    /// (`crate::proxy::stdio`, the relay's `PREFAULT_AFTER`).
+    /// `prefault`: the relay faults in its first blocks before its first read and the blocks a
+    /// burst takes fresh in one call each (`crate::proxy::stdio`, the relay's `START_BLOCKS`
+    /// and `PREFAULT_AFTER`), and the observer readies the tap's queue for a backlog
+    /// (`crate::tap::STOCK_CHUNKS`).
     pub prefault: bool,
     /// `tee`: the relay forwards the rest of a large answer with `tee(2)` (`crate::proxy::stdio`,
     /// the relay's `TEE_AFTER`). It learns that an answer is large from the tap's trimming, so

@@ -398,6 +398,7 @@ fn observe_stdio(
             summarize: cfg.bench.summary,
             close: close.clone(),
             progress: shared.progress.clone(),
+            stock: cfg.bench.prefault,
         };
         let observer = observe::run_tap_observer_with(rx, observer, pacer, &opts).await;
         // The tap closes before the session's thread says how the session ended.

@@ -371,6 +371,31 @@ pub enum Drained {
     Closed,
 }
 
+/// Messages the tap's queue and the observer's batch each hold before their memory grows, once
+/// [`TapReceiver::stock`] has readied them (when the observer first falls behind): the chunks of
+/// 2,000 back-to-back calls, more than the observer falls behind in the contended row (about
+/// 1,500). A queue that grows does so into fresh pages, each faulted in by the relay thread
+/// whose offer first writes it (a µs, inside a call), and copies what it holds on a doubling.
+/// With the relay's first blocks faulted in (`proxy::stdio::relay::START_BLOCKS`), contended
+/// p99 was 1.41 × the relay's without this and 1.20 with it (18 runs each). 2 × 256 KiB, held
+/// only by a session that has fallen behind. `bench/README.md`, "A session's first blocks,
+/// faulted in before its first read".
+pub const STOCK_CHUNKS: usize = 4096;
+
+/// An empty queue with room for `n` messages, its memory written once so that filling it up to
+/// `n` faults in no page.
+fn written_queue(n: usize) -> VecDeque<TapMsg> {
+    let filler = TapMsg::Closed {
+        dir: Direction::ClientToServer,
+        seen: Instant::now(),
+        after_gap: false,
+    };
+    let mut q = VecDeque::with_capacity(n);
+    q.extend(std::iter::repeat_n(filler, n));
+    q.clear();
+    q
+}
+
 /// How many messages end in `bytes`: its newlines (a vectorised count).
 pub fn messages_ended(bytes: &[u8]) -> u64 {
     memchr::memchr_iter(b'\n', bytes).count() as u64
@@ -627,6 +652,25 @@ impl TapReceiver {
             .load(Ordering::Relaxed)
     }
 
+    /// Gives the tap's queue room for [`STOCK_CHUNKS`] messages in memory already written, and
+    /// returns an empty batch with the same, for the observer to drain into: the two swap
+    /// allocations at every drain, so both must be ready. Called once, from the observer's
+    /// thread: it writes 2 × [`STOCK_CHUNKS`] messages' worth of memory off the relay's threads,
+    /// which then only wait for the lock while it swaps the queue's in (anything queued
+    /// meanwhile moves along, in order).
+    pub fn stock(&self) -> VecDeque<TapMsg> {
+        let batch = written_queue(STOCK_CHUNKS);
+        let mut ready = written_queue(STOCK_CHUNKS);
+        {
+            let mut q = lock(&self.shared.state);
+            if q.msgs.capacity() < STOCK_CHUNKS {
+                ready.append(&mut q.msgs);
+                std::mem::swap(&mut q.msgs, &mut ready);
+            }
+        }
+        batch
+    }
+
     /// Moves everything queued to the end of `out` (an empty `out`'s allocation is reused).
     pub fn drain(&mut self, out: &mut VecDeque<TapMsg>) -> Drained {
         let mut q = lock(&self.shared.state);
@@ -756,6 +800,57 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Readying the queue for a backlog keeps what was queued, in order and counted, and leaves
+    /// both the queue and the observer's batch with room for [`STOCK_CHUNKS`], so that neither
+    /// grows (and none of its memory is fresh) while a backlog that size builds and drains.
+    #[test]
+    fn a_stocked_queue_keeps_what_it_held_and_holds_a_backlog_without_growing() {
+        let (mut c2s, mut s2c, mut rx, _stats) = tap(TAP_CAPACITY);
+        let now = Instant::now();
+        c2s.offer(now, Bytes::from_static(b"a\n"));
+        s2c.offer(now, Bytes::from_static(b"b\n"));
+        let mut batch = rx.stock();
+        assert!(batch.is_empty() && batch.capacity() >= STOCK_CHUNKS);
+        let queue_capacity = |rx: &TapReceiver| lock(&rx.shared.state).msgs.capacity();
+        assert!(queue_capacity(&rx) >= STOCK_CHUNKS);
+        assert_eq!(rx.arrival(Direction::ClientToServer), Arrival::Queued(now));
+        // A second call finds the queue ready and leaves it as it is.
+        let again = rx.stock();
+        assert!(again.capacity() >= STOCK_CHUNKS);
+        let capacities = |rx: &TapReceiver, batch: &VecDeque<TapMsg>| {
+            let mut v = [queue_capacity(rx), batch.capacity()];
+            v.sort_unstable();
+            v
+        };
+        for round in 0..3 {
+            for i in 0..STOCK_CHUNKS / 2 - 1 {
+                c2s.offer(now, Bytes::from(format!("{round}.{i}\n")));
+                s2c.offer(now, Bytes::from_static(b"r\n"));
+            }
+            let before = capacities(&rx, &batch);
+            assert_eq!(rx.drain(&mut batch), Drained::Some);
+            let expected = if round == 0 {
+                STOCK_CHUNKS
+            } else {
+                STOCK_CHUNKS - 2
+            };
+            assert_eq!(batch.len(), expected);
+            // The two allocations swapped places; neither grew.
+            assert_eq!(capacities(&rx, &batch), before, "round {round}");
+            let first = batch.iter().find_map(|m| match m {
+                TapMsg::Chunk(c) if c.dir == Direction::ClientToServer => Some(c.bytes.clone()),
+                _ => None,
+            });
+            let want = if round == 0 {
+                "a\n".to_string()
+            } else {
+                format!("{round}.0\n")
+            };
+            assert_eq!(first.as_deref(), Some(want.as_bytes()));
+            batch.clear();
+        }
     }
 
     /// A drain into a batch not yet finished keeps the batch and adds to its end: the observer

@@ -58,6 +58,9 @@ pub struct StdioOptions {
     pub close: CloseReceiver,
     /// What the observer has done, for the session's thread.
     pub progress: std::sync::Arc<Progress>,
+    /// Ready the tap's queue and the observer's batch for a backlog when one starts (see
+    /// [`STOCK_AFTER`]); off in tests and for the benchmark's `prefault` switch.
+    pub stock: bool,
 }
 
 /// What the stdio observer has done so far, readable from any thread at any time (see the
@@ -355,6 +358,14 @@ pub const TAP_LINGER: Duration = Duration::from_millis(2);
 /// chunk (one read) holds hundreds of frames, and counted in chunks a burst looked sparse.
 pub const SPARSE_LOOK: usize = 2;
 
+/// Messages in one take from the tap past which the observer readies the tap's queue and its own
+/// batch for a backlog ([`TapReceiver::stock`]), once a session: it has fallen behind by more
+/// than a few calls, and a backlog grows the queue into fresh pages that the relay threads
+/// would otherwise fault in, inside calls. A session of calls spread out never gets here, and
+/// never holds that memory. `bench/README.md`, "A session's first blocks, faulted in before its
+/// first read".
+pub const STOCK_AFTER: usize = 64;
+
 /// Most frames observed between two yields to the runtime. The reporter runs on the same
 /// worker and takes up to tokio's cooperative budget (128) of events per turn: observing at most
 /// this many frames (at most one event each, bar batches) per turn keeps its queue from
@@ -471,6 +482,7 @@ pub async fn run_tap_observer<S: EventSink>(
         summarize: true,
         close,
         progress: Default::default(),
+        stock: false,
     };
     run_tap_observer_with(rx, observer, pacer, &opts).await
 }
@@ -521,6 +533,8 @@ pub async fn run_tap_observer_with<S: EventSink>(
     let mut last_seen: [Option<Instant>; 2] = [None, None];
     let mut reorder = Reorder::default();
     let mut batch: VecDeque<TapMsg> = VecDeque::new();
+    // Whether the tap's queue and `batch` still need readying (see STOCK_AFTER).
+    let mut unstocked = opts.stock;
     let mut unsplit = Unsplit::default();
     let mut lost = LostRequests::default();
     let mut next_tick = Instant::now() + TICK;
@@ -550,6 +564,12 @@ pub async fn run_tap_observer_with<S: EventSink>(
         };
         if got == Drained::Closed {
             break false;
+        }
+        if unstocked && batch.len() >= STOCK_AFTER {
+            unstocked = false;
+            let mut ready = rx.stock();
+            ready.append(&mut batch);
+            batch = ready;
         }
         let worked = got == Drained::Some;
         let mut frames = 0usize;

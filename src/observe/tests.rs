@@ -804,6 +804,7 @@ async fn after_one_call() -> AfterOneCall {
         summarize: true,
         close: close_rx,
         progress: Default::default(),
+        stock: false,
     };
     let progress = opts.progress.clone();
     let task = tokio::spawn(async move {
@@ -929,6 +930,7 @@ async fn without_summaries_a_large_result_is_read_whole() {
         summarize: false,
         close: close_rx,
         progress: Default::default(),
+        stock: false,
     };
     let task = tokio::spawn(async move {
         run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), no_pacing(), &opts).await
@@ -1420,7 +1422,7 @@ async fn a_drop_right_before_the_end_hands_on_no_damaged_message_and_no_false_st
 }
 
 #[tokio::test]
-async fn a_paced_observer_rests_while_traffic_flows_and_loses_nothing() {
+async fn a_paced_stocked_observer_rests_while_traffic_flows_and_loses_nothing() {
     use bytes::Bytes;
     const CALLS: u64 = 20_000;
     const PER_CHUNK: u64 = 50;
@@ -1449,11 +1451,19 @@ async fn a_paced_observer_rests_while_traffic_flows_and_loses_nothing() {
     assert!(stats.passed_bytes(C2S) + stats.passed_bytes(S2C) >= crate::pace::PACE_BEHIND);
     // As on a CPU shared with the relay, whatever this machine has.
     let pacer = std::sync::Arc::new(crate::pace::Pacer::new(true));
-    let task = tokio::spawn(run_tap_observer(
-        rx,
-        Observer::new(cfg(), Vec::new()),
-        pacer.clone(),
-    ));
+    // Stocked as the wrapper runs it: the first look takes more than STOCK_AFTER messages, so
+    // the tap's queue is swapped for a readied one while the relay thread keeps offering.
+    let (_close, close_rx) = tokio::sync::watch::channel(None);
+    let opts = StdioOptions {
+        summarize: true,
+        close: close_rx,
+        progress: Default::default(),
+        stock: true,
+    };
+    let paced = pacer.clone();
+    let task = tokio::spawn(async move {
+        run_tap_observer_with(rx, Observer::new(cfg(), Vec::new()), paced, &opts).await
+    });
     // The rest from the relay's side, on a thread of its own, spread over a few hundred ms so
     // the observer is still busy while chunks keep coming.
     let relay = std::thread::spawn(move || {

@@ -82,8 +82,9 @@ pub const KILL_GRACE: Duration = Duration::from_secs(1);
 /// One observed direction, as the relay takes it: where its chunks go.
 pub struct Tapped {
     pub tx: TapSender,
-    /// Fault in the blocks a burst takes fresh in one call each (on, except for the
-    /// benchmark's `prefault` switch; see `relay::PREFAULT_AFTER`).
+    /// Fault in the loop's first blocks before its first read, and the blocks a burst takes
+    /// fresh, in one call each (on, except for the benchmark's `prefault` switch; see
+    /// `relay::START_BLOCKS` and `relay::PREFAULT_AFTER`).
     pub prefault: bool,
     /// Forward the rest of a large answer with `tee(2)` (on, except for the benchmark's `tee`
     /// switch; see `relay::TEE_AFTER`).
