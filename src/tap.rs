@@ -377,10 +377,13 @@ pub enum Drained {
 /// 1,500). A queue that grows does so into fresh pages, each faulted in by the relay thread
 /// whose offer first writes it (a µs, inside a call), and copies what it holds on a doubling.
 /// With the relay's first blocks faulted in (`proxy::stdio::relay::START_BLOCKS`), contended
-/// p99 was 1.41 × the relay's without this and 1.20 with it (18 runs each). 2 × 256 KiB, held
-/// only by a session that has fallen behind. `bench/README.md`, "A session's first blocks,
+/// p99 was 1.41 × the relay's without this and 1.20 with it (18 runs each). About 2 × 256 KiB
+/// (a message is 64 bytes), held only by a session that has fallen behind. `bench/README.md`, "A session's first blocks,
 /// faulted in before its first read".
 pub const STOCK_CHUNKS: usize = 4096;
+
+// What the memory figure for STOCK_CHUNKS assumes.
+const _: () = assert!(std::mem::size_of::<TapMsg>() <= 64);
 
 /// An empty queue with room for `n` messages, its memory written once so that filling it up to
 /// `n` faults in no page.
@@ -817,8 +820,10 @@ mod tests {
         assert!(queue_capacity(&rx) >= STOCK_CHUNKS);
         assert_eq!(rx.arrival(Direction::ClientToServer), Arrival::Queued(now));
         // A second call finds the queue ready and leaves it as it is.
+        let ready = queue_capacity(&rx);
         let again = rx.stock();
         assert!(again.capacity() >= STOCK_CHUNKS);
+        assert_eq!(queue_capacity(&rx), ready);
         let capacities = |rx: &TapReceiver, batch: &VecDeque<TapMsg>| {
             let mut v = [queue_capacity(rx), batch.capacity()];
             v.sort_unstable();
