@@ -378,8 +378,8 @@ pub enum Drained {
 /// whose offer first writes it (a µs, inside a call), and copies what it holds on a doubling.
 /// With the relay's first blocks faulted in (`proxy::stdio::relay::START_BLOCKS`), contended
 /// p99 was 1.41 × the relay's without this and 1.20 with it (18 runs each). About 2 × 256 KiB
-/// (a message is 64 bytes), held only by a session that has fallen behind. `bench/README.md`, "A session's first blocks,
-/// faulted in before its first read".
+/// (a message is 64 bytes), held only by a session that has fallen behind. `bench/README.md`,
+/// "A session's first blocks, faulted in before its first read".
 pub const STOCK_CHUNKS: usize = 4096;
 
 // What the memory figure for STOCK_CHUNKS assumes.

@@ -251,10 +251,12 @@ fn prefault(spare: &mut [std::mem::MaybeUninit<u8>]) {
     let _ = spare;
 }
 
-/// A fresh block of [`READ_BUF`], faulted in whole ([`prefault`]).
-fn faulted_block() -> BytesMut {
+/// A fresh block of [`READ_BUF`], faulted in whole ([`prefault`]) if `fault_in`.
+fn fresh_block(fault_in: bool) -> BytesMut {
     let mut b = BytesMut::with_capacity(READ_BUF);
-    prefault(b.spare_capacity_mut());
+    if fault_in {
+        prefault(b.spare_capacity_mut());
+    }
     b
 }
 
@@ -284,14 +286,10 @@ impl ReadBuf {
         if observed {
             let mut pool = VecDeque::with_capacity(POOL_BLOCKS);
             if prefault {
-                pool.extend(std::iter::repeat_with(faulted_block).take(START_BLOCKS - 1));
+                pool.extend(std::iter::repeat_with(|| fresh_block(true)).take(START_BLOCKS - 1));
             }
             ReadBuf::Blocks {
-                cur: if prefault {
-                    faulted_block()
-                } else {
-                    BytesMut::with_capacity(READ_BUF)
-                },
+                cur: fresh_block(prefault),
                 pool,
                 prefault,
             }
@@ -322,13 +320,9 @@ impl ReadBuf {
         cur.clear();
         if cur.capacity() < MIN_READ && !cur.try_reclaim(READ_BUF) {
             let free = pool.iter_mut().position(|b| b.try_reclaim(READ_BUF));
-            let next = free.and_then(|i| pool.remove(i)).unwrap_or_else(|| {
-                let mut fresh = BytesMut::with_capacity(READ_BUF);
-                if fault_in && pool.len() >= PREFAULT_AFTER {
-                    prefault(fresh.spare_capacity_mut());
-                }
-                fresh
-            });
+            let next = free
+                .and_then(|i| pool.remove(i))
+                .unwrap_or_else(|| fresh_block(fault_in && pool.len() >= PREFAULT_AFTER));
             let full = std::mem::replace(cur, next);
             if pool.len() == POOL_BLOCKS {
                 pool.pop_front();
