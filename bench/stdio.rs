@@ -125,9 +125,10 @@ pub struct Record {
     pub bw_frame_bytes: Option<f64>,
     /// Median over the run's close → exit samples, ms.
     pub close_ms: Option<f64>,
-    /// VmHWM after the small-message workloads (max of sequential and pipelined sessions), KiB.
+    /// Peak VmHWM of the small-message sessions (sequential and pipelined), through their exit,
+    /// KiB.
     pub rss_small_kib: Option<f64>,
-    /// VmHWM after the 5 MB workload, KiB.
+    /// Peak VmHWM of the 5 MB session, through its exit, KiB.
     pub rss_big_kib: Option<f64>,
     /// CPU of the target's top process per call, µs, by thread name.
     /// Measured calls only (warm-up, handshake and start-up excluded).
@@ -640,6 +641,10 @@ impl EventCount<'_> {
     }
 }
 
+/// Longest the pipelined session stays open after its burst for the target to go quiet
+/// ([`session::Session::wait_quiet`]): an observer works off a 20,000-call burst in 30–60 ms.
+const QUIET_LIMIT: Duration = Duration::from_secs(5);
+
 /// Runs every workload for one target, each in a fresh session, filling `rec`.
 fn run_target(
     ctx: &mut Ctx,
@@ -692,7 +697,8 @@ fn run_target(
     let calls = sess.calls;
     rec.calls += calls;
     let file = sess.events_file.clone();
-    let fin = sess.finish()?;
+    let fin = sess.finish_watching_peak()?;
+    rss_small = rss_small.max(fin.peak_hwm_kib);
     rec.seq_session_cpu_us = Some(fin.session_cpu_ms * 1e3 / (calls as f64).max(1.0));
     note_events(rec, "sequential", calls, ev.after(b, file));
 
@@ -716,12 +722,16 @@ fn run_target(
         &snap1.faults,
         1000.0 / (s.pipe_calls as f64).max(1.0),
     );
-    rss_small = rss_small.max(snap1.hwm_kib);
-    rec.rss_small_kib = Some(rss_small as f64);
+    // The burst's last answer is in, and the observer is still well behind: a client that goes
+    // on with its session gives it the time to catch up, not a close (which closing at once
+    // measured alone, and which leaves the session's end to another workload).
+    sess.wait_quiet(QUIET_LIMIT);
+    rss_small = rss_small.max(sess.snapshot().hwm_kib);
     let calls = sess.calls;
     rec.calls += calls;
     let file = sess.events_file.clone();
-    let fin = sess.finish()?;
+    let fin = sess.finish_watching_peak()?;
+    rec.rss_small_kib = Some(rss_small.max(fin.peak_hwm_kib) as f64);
     rec.pipe_session_cpu_us = Some(fin.session_cpu_ms * 1e3 / (calls as f64).max(1.0));
     note_events(rec, "pipelined", calls, ev.after(b, file));
 
@@ -749,7 +759,8 @@ fn run_target(
     let calls = sess.calls;
     rec.calls += calls;
     let file = sess.events_file.clone();
-    sess.finish()?;
+    let fin = sess.finish_watching_peak()?;
+    rec.rss_big_kib = rec.rss_big_kib.map(|r| r.max(fin.peak_hwm_kib as f64));
     note_events(rec, "5MB", calls, ev.after(b, file));
 
     // 4. Close → exit with answers still in flight; every byte must arrive.

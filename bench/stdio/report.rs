@@ -267,7 +267,7 @@ pub fn render(s: &Settings, phases: &[&str], records: &[Record]) -> String {
         }
         let _ = writeln!(
             o,
-            "(RSS = VmHWM of the target's top process: the server for direct, the relay process, the wrapper; \
+            "(RSS = VmHWM of the target's top process, last read before it exited (an observer working off a burst peaks after the last answer): the server for direct, the relay process, the wrapper; \
              CPU = that process's CPU µs per measured tools/call, within the measured calls' window only; max = slowest sequential call)"
         );
 

@@ -5,7 +5,7 @@
 //! so a broken wrapper (one that exits at once, or never answers) is reported, never waited on.
 //! The driver's own work (formatting requests, reading lines) is identical for every target.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -196,6 +196,9 @@ pub struct Finish {
     /// exit: unlike a /proc window around a workload, this includes what an observer running
     /// behind does after the workload's last answer (see [`children_cpu_ms`]).
     pub session_cpu_ms: f64,
+    /// The target's VmHWM, KiB, last read before it exited ([`Session::finish_watching_peak`]);
+    /// 0 from [`Session::finish`].
+    pub peak_hwm_kib: u64,
 }
 
 pub struct Session {
@@ -555,8 +558,58 @@ impl Session {
         proc_snapshot(self.child.id())
     }
 
+    /// Keeps the session open until the target has been nearly idle for [`QUIET`] (under a
+    /// twentieth of it on the CPU: an observer working off a burst takes all of it), at most
+    /// `limit`, as a client that goes on with its session after a burst does. What the target
+    /// does meanwhile counts in the session's figures, as it does for such a client.
+    pub fn wait_quiet(&self, limit: Duration) {
+        let cpu = || self.snapshot().cpu_ms.values().sum::<f64>();
+        let t0 = Instant::now();
+        let mut samples = VecDeque::from([(t0, cpu())]);
+        while t0.elapsed() < limit {
+            thread::sleep(QUIET / 5);
+            let now = (Instant::now(), cpu());
+            while samples
+                .get(1)
+                .is_some_and(|s| now.0.duration_since(s.0) >= QUIET)
+            {
+                samples.pop_front();
+            }
+            samples.push_back(now);
+            let (from, used) = (samples[0], now.1 - samples[0].1);
+            if now.0.duration_since(from.0) >= QUIET && used < QUIET.as_secs_f64() * 1e3 / 20.0 {
+                return;
+            }
+        }
+    }
+
     /// Closes our end of the target's stdin, drains its stdout to EOF, and waits for it to exit.
-    pub fn finish(mut self) -> Result<Finish, String> {
+    pub fn finish(self) -> Result<Finish, String> {
+        self.finish_inner(false)
+    }
+
+    /// [`Session::finish`], with a thread reading the target's VmHWM every [`PEAK_POLL`] until
+    /// it exits: an observer working off a backlog after the last answer reaches its peak then,
+    /// after any snapshot taken while the session ran, and the target may hold its stdout open
+    /// until it exits. Not for the close → exit figure: the reads share the pinned CPU with the
+    /// target.
+    pub fn finish_watching_peak(self) -> Result<Finish, String> {
+        self.finish_inner(true)
+    }
+
+    fn finish_inner(mut self, watch_peak: bool) -> Result<Finish, String> {
+        let pid = self.child.id();
+        // Ends when the target has exited: a zombie has no memory lines.
+        let watcher = watch_peak.then(|| {
+            thread::spawn(move || {
+                let mut peak = 0;
+                while let Some(h) = read_hwm(pid) {
+                    peak = h.max(peak);
+                    thread::sleep(PEAK_POLL);
+                }
+                peak
+            })
+        });
         let t0 = Instant::now();
         drop(self.stdin.take());
         let mut lines = 0u64;
@@ -593,6 +646,7 @@ impl Session {
             lines,
             bytes,
             session_cpu_ms,
+            peak_hwm_kib: watcher.and_then(|w| w.join().ok()).unwrap_or(0),
         })
     }
 }
@@ -612,6 +666,13 @@ pub struct Watched {
 
 /// How often [`Session::close_watched`] looks at the processes.
 const WATCH_POLL: Duration = Duration::from_micros(250);
+
+/// How long the target must stay nearly idle for [`Session::wait_quiet`].
+const QUIET: Duration = Duration::from_millis(50);
+
+/// How often [`Session::finish_watching_peak`] reads VmHWM: a read costs the pinned CPU
+/// 10–20 µs, and a peak is held, not passed, so a read a millisecond later still sees it.
+const PEAK_POLL: Duration = Duration::from_millis(1);
 
 impl Session {
     /// The target's process id.
