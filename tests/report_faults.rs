@@ -571,6 +571,38 @@ async fn file_sink_appends_one_schema_valid_json_line_per_batch() {
     assert_eq!(ids.len(), 1202);
 }
 
+/// The queue counts the events waiting for the batcher and wakes a producer waiting on it when
+/// the batcher takes some: what the stdio observer paces itself by (`observe::stdio`, at most
+/// two batches ahead of the reporter).
+#[tokio::test]
+async fn the_queue_counts_what_waits_and_says_when_the_batcher_takes_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("events.jsonl");
+    let mut c = cfg(IngestTarget::File(path.clone()), 600_000, 10_000);
+    c.token = None;
+    let (mut q, h) = report::start(c);
+    let taken = q
+        .taken()
+        .expect("the reporter's queue says when it takes events");
+    // One thread: the batcher cannot run before this test awaits.
+    emit_n(&mut q, 2 * MAX_BATCH_EVENTS + 1);
+    assert_eq!(q.queued(), 2 * MAX_BATCH_EVENTS + 1);
+    tokio::time::timeout(Duration::from_secs(10), taken.notified())
+        .await
+        .expect("woken when the batcher takes events");
+    assert!(q.queued() <= MAX_BATCH_EVENTS + 1, "{} queued", q.queued());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while q.queued() > 0 {
+        assert!(Instant::now() < deadline, "{} never taken", q.queued());
+        tokio::time::timeout(Duration::from_millis(50), taken.notified())
+            .await
+            .ok();
+    }
+    let stats = h.shutdown().await;
+    assert_eq!(stats.delivered, 2 * MAX_BATCH_EVENTS as u64 + 1);
+    assert_eq!(q.queued(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unwritable_file_sink_fails_open_and_counts() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -807,6 +807,18 @@ pub trait EventSink: Send {
         usize::MAX
     }
 
+    /// Events `emit` took that the consumer has not taken yet (0 for a sink with no queue). A
+    /// producer that can wait keeps this short, so what it wrote ahead stays in memory it reuses.
+    fn queued(&self) -> usize {
+        0
+    }
+
+    /// Notified each time the consumer takes events from the queue: a producer waiting for
+    /// [`EventSink::queued`] to fall waits on it. `None`: it polls.
+    fn taken(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
+
     /// Where the observer adds its `sensor.health` counts, if this sink sends batches.
     fn health(&self) -> Option<&health::HealthCounters> {
         None

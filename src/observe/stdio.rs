@@ -382,17 +382,27 @@ pub const SINK_STALL_LIMIT: Duration = Duration::from_millis(250);
 /// one 64 KiB chunk of the smallest `tools/call` responses (~36 bytes) completes ~1,800 calls.
 const SINK_ROOM: usize = 2_048;
 
-/// How often the observer re-checks the reporter's queue while it waits for room.
+/// Most events the observer lets wait in the reporter's queue before it waits for the reporter
+/// to take some: the batch being delivered and the next one, so delivery never waits for the
+/// observer. The queue holds 10,000 (`crate::report::QUEUE_CAPACITY`, for an ingest that hangs),
+/// and an observer working off a burst on the CPU the delivery thread shares used to fill it to
+/// the [`SINK_ROOM`] mark, about 8,000 events: 4–5 MB of written events in memory faulted in for
+/// them, about 1,100 page faults in a 20,000-call burst. `bench/README.md`, "Events written
+/// ahead of the reporter".
+const SINK_AHEAD: usize = 2 * crate::event::MAX_BATCH_EVENTS;
+
+/// How often the observer re-checks the reporter's queue while it waits for room, when the sink
+/// does not say when it takes events ([`EventSink::taken`]) or does not take any.
 const SINK_POLL: Duration = Duration::from_millis(1);
 
 /// Waits (bounded, see [`SINK_STALL_LIMIT`], and never past the cut-off) until the sink can take
-/// a turn's worth of events.
+/// a turn's worth of events and holds no more than [`SINK_AHEAD`].
 async fn pace_to_sink<S: EventSink>(
     obs: &Observer<S>,
     stalled_since: &mut Option<Instant>,
     close: &CloseReceiver,
 ) {
-    while obs.sink.room() < SINK_ROOM {
+    while obs.sink.room() < SINK_ROOM || obs.sink.queued() > SINK_AHEAD {
         if past_cutoff(close) {
             return;
         }
@@ -401,7 +411,15 @@ async fn pace_to_sink<S: EventSink>(
         if now.saturating_duration_since(since) >= SINK_STALL_LIMIT {
             return;
         }
-        tokio::time::sleep(SINK_POLL).await;
+        match obs.sink.taken() {
+            Some(taken) => {
+                tokio::select! {
+                    _ = taken.notified() => {}
+                    _ = tokio::time::sleep(SINK_POLL) => {}
+                }
+            }
+            None => tokio::time::sleep(SINK_POLL).await,
+        }
     }
     *stalled_since = None;
 }
@@ -794,5 +812,78 @@ mod tests {
         );
         assert!(reorder.is_empty());
         assert_eq!(obs.actions.len(), 2);
+    }
+
+    use std::sync::Arc;
+
+    /// A sink whose queue length the test sets, and which says when it took events.
+    struct Queued {
+        queued: Arc<std::sync::atomic::AtomicUsize>,
+        taken: Arc<tokio::sync::Notify>,
+    }
+
+    impl EventSink for Queued {
+        fn emit(&mut self, _: crate::event::Event) {}
+
+        fn queued(&self) -> usize {
+            self.queued.load(Relaxed)
+        }
+
+        fn taken(&self) -> Option<Arc<tokio::sync::Notify>> {
+            Some(self.taken.clone())
+        }
+    }
+
+    /// Past [`SINK_AHEAD`] queued events the observer waits until the reporter takes some, and
+    /// is woken by it: not before, and not only when the stall limit ends the wait.
+    #[tokio::test]
+    async fn the_observer_waits_for_the_reporter_past_two_batches() {
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(SINK_AHEAD));
+        let taken = Arc::new(tokio::sync::Notify::new());
+        let sink = Queued {
+            queued: queued.clone(),
+            taken: taken.clone(),
+        };
+        let obs = Observer::new(crate::observe::tests::cfg(), sink);
+        let (_never, close) = watch::channel(None);
+        let mut stalled = None;
+        // At the mark: no wait.
+        pace_to_sink(&obs, &mut stalled, &close).await;
+        assert!(stalled.is_none());
+
+        queued.store(SINK_AHEAD + 1, Relaxed);
+        let (q, t) = (queued.clone(), taken.clone());
+        let reporter = tokio::spawn(async move {
+            // Wake it once with nothing taken: it must go on waiting.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            t.notify_one();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            q.store(SINK_AHEAD - 500, Relaxed);
+            t.notify_one();
+        });
+        let t0 = Instant::now();
+        pace_to_sink(&obs, &mut stalled, &close).await;
+        let waited = t0.elapsed();
+        assert!(
+            queued.load(Relaxed) < SINK_AHEAD,
+            "returned before the take"
+        );
+        assert!(
+            waited < SINK_STALL_LIMIT,
+            "ended by the stall limit: {waited:?}"
+        );
+        assert!(stalled.is_none());
+        reporter.await.expect("reporter");
+
+        // A reporter that never takes (an ingest that hangs) holds it up once, for the stall
+        // limit, and then not again while the queue stays long.
+        queued.store(SINK_AHEAD + 1, Relaxed);
+        let t0 = Instant::now();
+        pace_to_sink(&obs, &mut stalled, &close).await;
+        assert!(t0.elapsed() >= SINK_STALL_LIMIT);
+        let t1 = Instant::now();
+        pace_to_sink(&obs, &mut stalled, &close).await;
+        assert!(t1.elapsed() < SINK_STALL_LIMIT);
+        assert!(stalled.is_some());
     }
 }

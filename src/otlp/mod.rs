@@ -89,6 +89,14 @@ impl<S: EventSink> EventSink for WithOtlp<S> {
         self.inner.room()
     }
 
+    fn queued(&self) -> usize {
+        self.inner.queued()
+    }
+
+    fn taken(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.inner.taken()
+    }
+
     fn wants_call_facts(&self) -> bool {
         self.otlp.is_some() || self.inner.wants_call_facts()
     }

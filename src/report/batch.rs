@@ -98,6 +98,9 @@ pub(crate) struct Batcher {
     pub(crate) buf: BatchBody,
     /// Rests this thread with the observer's on a shared CPU (see [`crate::pace::Pacer`]).
     pub(crate) pacer: Option<Arc<crate::pace::Pacer>>,
+    /// Notified after each take from the queue, for an observer waiting for it to shorten
+    /// (`crate::event::EventSink::taken`).
+    pub(crate) taken: Arc<tokio::sync::Notify>,
     /// A filtered event that would have taken the batch past [`MAX_BATCH_BYTES`]: the batch is
     /// sent first, and this event opens the next one.
     pub(crate) overflow: Option<Written>,
@@ -166,6 +169,7 @@ impl Batcher {
                     while let Some(ev) = self.next_queued() {
                         self.push_paced(ev);
                     }
+                    self.taken.notify_one();
                     if self.is_full() && !self.backing_off() {
                         self.flush().await;
                         flush_at = self.next_flush_at();
@@ -655,6 +659,7 @@ mod tests {
             published: Arc::default(),
             buf: BatchBody::default(),
             pacer: None,
+            taken: Arc::default(),
             overflow: None,
             pending_dropped: 0,
             health: Default::default(),

@@ -104,6 +104,8 @@ pub struct EventQueue {
     accepted: Arc<AtomicU64>,
     /// `sensor.health` counts the observer adds and the batcher sends.
     health: Arc<crate::event::health::HealthCounters>,
+    /// Notified by the batcher each time it takes events (see [`EventSink::taken`]).
+    taken: Arc<tokio::sync::Notify>,
     /// Set when reporting is off: events are counted here as unsent instead of being queued
     /// for a batcher that could only count them.
     unread: Option<Arc<AtomicU64>>,
@@ -143,6 +145,14 @@ impl EventSink for EventQueue {
 
     fn room(&self) -> usize {
         self.tx.capacity()
+    }
+
+    fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    fn taken(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(self.taken.clone())
     }
 
     fn health(&self) -> Option<&crate::event::health::HealthCounters> {
@@ -204,6 +214,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
     let (deadline_tx, deadline_rx) = watch::channel(None);
     let published = Arc::new(Mutex::new(ReportStats::default()));
     let health = Arc::new(crate::event::health::HealthCounters::default());
+    let taken = Arc::new(tokio::sync::Notify::new());
     let queue = EventQueue {
         tx,
         writer: EventWriter::default(),
@@ -211,6 +222,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         filtered: filtered.clone(),
         accepted: accepted.clone(),
         health: health.clone(),
+        taken: taken.clone(),
         unread: None,
     };
     let unread = Arc::new(AtomicU64::new(0));
@@ -268,6 +280,7 @@ pub fn start_with(cfg: ReportConfig, tuning: Tuning) -> (EventQueue, ReporterHan
         published,
         buf: Default::default(),
         pacer: cfg.pacer.clone(),
+        taken,
         overflow: None,
         pending_dropped: 0,
         health,
