@@ -1,8 +1,9 @@
 //! Pacing: how observation yields the CPU to the relay. Used by the observer and the reporter
 //! (they share one runtime thread), owned by neither.
 //!
-//! Owns [`lower_current_thread`], called on each of the observer runtime's threads as it starts
-//! (batch scheduling class, [`OBSERVER_NICE_BELOW`] levels below the wrapper's own priority),
+//! Owns [`lower_current_thread`], called on the observer's thread as it starts (batch
+//! scheduling class, [`OBSERVER_NICE_BELOW`] levels below the wrapper's own priority; the
+//! threads its runtime starts go to the same level, [`lower_current_thread_to`]),
 //! and [`Pacer`]: on a CPU shared with the relay while traffic flows and the observer is at
 //! least [`PACE_BEHIND`] but less than [`PACE_UNTIL`] behind it, the observer works in slices
 //! of at most [`PACE_SLICE`] of CPU and rests [`PACE_REST`] after each; within [`PACE_RECENT`]
@@ -63,14 +64,33 @@ fn own_nice() -> Option<i32> {
 /// normal threads keep busy. In the idle class an unprivileged observer got so little that the
 /// process could not end (every thread must run once to exit) until seconds after the session's
 /// deadline (`bench/README.md`, "What the switches showed").
-pub fn lower_current_thread() -> bool {
+pub fn lower_current_thread() -> Option<i32> {
+    #[cfg(target_os = "linux")]
+    {
+        let nice = own_nice().unwrap_or(0) + OBSERVER_NICE_BELOW;
+        lower_current_thread_to(nice).then_some(nice.min(NICE_MAX))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// Puts the calling thread in the batch scheduling class at nice `nice` (at most the kernel's
+/// lowest), as [`lower_current_thread`] does, for a thread that works for an observer thread
+/// lowered to `nice`: the file sink's writer, which starts from the observer's thread and so
+/// already runs at its nice. Lowered relative to that it went another nine levels down, to a
+/// weight of 18 against the observer's 137, and the writes the observer waits for waited for
+/// the observer's slices to end (`bench/README.md`, "Events written ahead of the reporter").
+/// Returns whether either was set.
+pub fn lower_current_thread_to(nice: i32) -> bool {
     #[cfg(target_os = "linux")]
     {
         let tid = nix::unistd::gettid().as_raw();
         let Ok(who) = libc::id_t::try_from(tid) else {
             return false;
         };
-        let nice = (own_nice().unwrap_or(0) + OBSERVER_NICE_BELOW).min(NICE_MAX);
+        let nice = nice.min(NICE_MAX);
         // SAFETY: setpriority takes three integers and touches no memory of ours; any value is
         // sound (an invalid `who` or a refused change only returns -1 with errno set).
         let niced = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, nice) } == 0;
@@ -473,14 +493,55 @@ mod tests {
             let tid = nix::unistd::gettid().as_raw();
             (lower_current_thread(), thread_nice(tid), thread_policy(tid))
         });
-        let (ok, nice, policy) = worker.join().expect("worker thread");
-        assert!(ok, "raising one's own nice value is always allowed");
+        let (lowered, nice, policy) = worker.join().expect("worker thread");
+        let lowered = lowered.expect("raising one's own nice value is always allowed");
         assert_eq!(nice, Some(lowered_from(before)));
+        assert_eq!(
+            Some(i64::from(lowered)),
+            nice,
+            "it says where it put the thread"
+        );
         assert_eq!(policy, Some(i64::from(libc::SCHED_BATCH)));
         assert_eq!(
             (thread_nice(main_tid), thread_policy(main_tid)),
             (Some(before), Some(policy_before)),
             "other threads keep theirs"
+        );
+    }
+
+    /// A thread started from a lowered one starts at its nice and class; lowered to that
+    /// thread's level (the file sink's writer, started from the observer's thread), it stays
+    /// there, where lowered relative to itself it would go nine levels further.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_thread_lowered_to_the_observers_level_goes_no_further() {
+        let base = own_nice().expect("own nice");
+        let (observer, pool) = std::thread::spawn(|| {
+            let level = lower_current_thread().expect("lowered");
+            let tid = nix::unistd::gettid().as_raw();
+            let pool = std::thread::spawn(move || {
+                let tid = nix::unistd::gettid().as_raw();
+                let inherited = thread_nice(tid);
+                assert!(lower_current_thread_to(level));
+                (inherited, thread_nice(tid), thread_policy(tid))
+            })
+            .join()
+            .expect("pool thread");
+            ((level, thread_nice(tid)), pool)
+        })
+        .join()
+        .expect("observer thread");
+        let level = i64::from(observer.0);
+        assert_eq!(level, lowered_from(i64::from(base)));
+        assert_eq!(observer.1, Some(level));
+        assert_eq!(
+            pool.0,
+            Some(level),
+            "a new thread starts at its creator's nice"
+        );
+        assert_eq!(
+            (pool.1, pool.2),
+            (Some(level), Some(i64::from(libc::SCHED_BATCH)))
         );
     }
 
@@ -501,7 +562,7 @@ mod tests {
                 if set != 0 || own_nice() != Some(start) {
                     return None;
                 }
-                assert!(lower_current_thread());
+                assert!(lower_current_thread().is_some());
                 thread_nice(tid)
             })
             .join()
@@ -522,7 +583,7 @@ mod tests {
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
         let worker = std::thread::spawn(move || {
             let tid = nix::unistd::gettid().as_raw();
-            assert!(lower_current_thread());
+            assert!(lower_current_thread().is_some());
             tid_tx.send(tid).expect("send tid");
             let _ = go_rx.recv();
             (thread_nice(tid), thread_policy(tid))

@@ -187,6 +187,8 @@ struct ObserverShared {
     /// Threads lowered (see [`ObserverShared::lower_current_thread`]), and
     /// whether the session has ended (then no thread is lowered any more).
     lowered: std::sync::Mutex<(Vec<i32>, bool)>,
+    /// The nice value the observer's thread was lowered to, for the threads that work for it.
+    level: OnceLock<i32>,
 }
 
 impl ObserverShared {
@@ -195,7 +197,24 @@ impl ObserverShared {
     fn lower_current_thread(&self) {
         let mut lowered = crate::lock::lock(&self.lowered);
         let (threads, ended) = &mut *lowered;
-        if !*ended && crate::pace::lower_current_thread() {
+        if *ended {
+            return;
+        }
+        if let Some(level) = crate::pace::lower_current_thread() {
+            let _ = self.level.set(level);
+            threads.push(nix::unistd::gettid().as_raw());
+        }
+    }
+
+    /// A thread of the observer's runtime's blocking pool (the file sink's writes): lowered to
+    /// the observer thread's level ([`crate::pace::lower_current_thread_to`]), not below it.
+    fn lower_pool_thread(&self) {
+        let mut lowered = crate::lock::lock(&self.lowered);
+        let (threads, ended) = &mut *lowered;
+        let Some(&level) = self.level.get() else {
+            return;
+        };
+        if !*ended && crate::pace::lower_current_thread_to(level) {
             threads.push(nix::unistd::gettid().as_raw());
         }
     }
@@ -358,9 +377,10 @@ fn observe_stdio(
         .enable_all()
         .thread_name("observe-mcp")
         .on_thread_start(move || {
-            // The blocking pool (file sink writes) runs below the relay too.
+            // The blocking pool (file sink writes) runs below the relay too, beside the
+            // observer thread that waits for it.
             if lower {
-                pool_shared.lower_current_thread();
+                pool_shared.lower_pool_thread();
             }
         })
         .build();

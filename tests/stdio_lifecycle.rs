@@ -434,3 +434,93 @@ fn kill_switch_reports_a_missing_command_with_127() {
         r.stderr
     );
 }
+
+/// `(comm, nice, policy)` of each thread of `pid`, from /proc/<pid>/task/*/stat.
+fn thread_priorities(pid: u32) -> Vec<(String, i64, i64)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("task dir")
+        .flatten()
+    {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let (head, rest) = stat.rsplit_once(')').expect("stat has (comm)");
+        let comm = head.split_once('(').expect("stat has (comm)").1.to_string();
+        // Fields after `(comm)` start at field 3: nice is field 19, policy field 41.
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let num = |n: usize| f[n - 3].parse::<i64>().expect("number");
+        out.push((comm, num(19), num(41)));
+    }
+    out
+}
+
+/// The observer's threads run in the batch class nine nice levels below the wrapper, the file
+/// sink's writer among them, and the relay's at the wrapper's. The writer starts from the
+/// observer's thread, already lowered: lowered again relative to that, it ran eighteen levels
+/// down, and the observer outran the writes it waits for.
+#[test]
+fn the_observers_threads_run_nine_levels_below_the_wrapper_and_no_further() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events = dir.path().join("events.jsonl");
+    let ingest = format!("file:{}", events.display());
+    let server = example("report_fixture");
+    let mut child = wrapper_cmd(&["--ingest", &ingest], &[server.as_os_str()])
+        .spawn()
+        .expect("spawn wrapper");
+    let pid = child.id();
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let err = drain_stderr(child.stderr.take().expect("stderr"));
+    // A full batch (500 events) goes to the file at once: the writer thread then exists.
+    let calls = 600;
+    let mut input = String::from(
+        "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n\
+         {\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n",
+    );
+    for id in 1..=calls {
+        input.push_str(&format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"issue_refund\",\"arguments\":{{}}}}}}\n"
+        ));
+    }
+    let writer = std::thread::spawn(move || {
+        stdin.write_all(input.as_bytes()).expect("write calls");
+        stdin
+    });
+    for _ in 0..=calls {
+        read_line(&mut out);
+    }
+    let stdin = writer.join().expect("writer");
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::fs::metadata(&events).map_or(true, |m| m.len() == 0) {
+        assert!(std::time::Instant::now() < deadline, "no batch written");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let threads = thread_priorities(pid);
+    drop(stdin);
+    let status = wait_for(&mut child, WAIT);
+    assert!(status.success(), "stderr: {}", err.text());
+
+    let wrapper = threads
+        .iter()
+        .find(|t| !t.0.starts_with("observe-mcp"))
+        .map(|t| t.1)
+        .expect("the wrapper's own thread");
+    let observer: Vec<_> = threads.iter().filter(|t| t.0 == "observe-mcp").collect();
+    assert!(
+        observer.len() >= 2,
+        "the observer's thread and the sink's writer: {threads:?}"
+    );
+    let level = (wrapper + 9).min(19);
+    for t in &observer {
+        assert_eq!(
+            (t.1, t.2),
+            (level, 3),
+            "SCHED_BATCH at nice {level}: {threads:?}"
+        );
+    }
+    for relay in ["observe-mcp-c2s", "observe-mcp-s2c"] {
+        let t = threads.iter().find(|t| t.0 == relay).expect(relay);
+        assert_eq!(t.1, wrapper, "{threads:?}");
+    }
+}
