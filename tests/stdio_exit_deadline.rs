@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use stdio_support::{collect, example, wait_for, wrapper_cmd, WAIT};
+use stdio_support::{collect, example, refund_burst, wait_for, wrapper_cmd, WAIT};
 
 /// Calls in the burst (the issue's figure).
 const CALLS: usize = 20_000;
@@ -88,19 +88,6 @@ fn field(line: &str, key: &str) -> usize {
         .unwrap_or_else(|| panic!("no {key}= in {line}"))
 }
 
-fn burst() -> Vec<u8> {
-    let mut out = String::from(
-        "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"burst\",\"version\":\"1\"}}}\n\
-         {\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n",
-    );
-    for id in 1..=CALLS {
-        out.push_str(&format!(
-            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"issue_refund\",\"arguments\":{{\"amount_cents\":{id}}}}}}}\n"
-        ));
-    }
-    out.into_bytes()
-}
-
 #[test]
 fn exit_is_bounded_by_the_shutdown_flush_under_busy_loops_on_every_cpu() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -141,7 +128,9 @@ fn exit_is_bounded_by_the_shutdown_flush_under_busy_loops_on_every_cpu() {
         n
     });
     let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(&burst()).expect("write the burst");
+    stdin
+        .write_all(&refund_burst(CALLS))
+        .expect("write the burst");
     answers
         .recv_timeout(WAIT)
         .expect("every call answered through the wrapper");

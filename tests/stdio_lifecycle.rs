@@ -474,17 +474,9 @@ fn the_observers_threads_run_nine_levels_below_the_wrapper_and_no_further() {
     let err = drain_stderr(child.stderr.take().expect("stderr"));
     // A full batch (500 events) goes to the file at once: the writer thread then exists.
     let calls = 600;
-    let mut input = String::from(
-        "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"t\",\"version\":\"1\"}}}\n\
-         {\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n",
-    );
-    for id in 1..=calls {
-        input.push_str(&format!(
-            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"issue_refund\",\"arguments\":{{}}}}}}\n"
-        ));
-    }
+    let input = refund_burst(calls);
     let writer = std::thread::spawn(move || {
-        stdin.write_all(input.as_bytes()).expect("write calls");
+        stdin.write_all(&input).expect("write calls");
         stdin
     });
     for _ in 0..=calls {

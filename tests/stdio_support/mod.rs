@@ -228,3 +228,18 @@ pub fn kill_quietly(pid: u32) {
 pub fn drain_stderr(err: ChildStderr) -> Collected {
     collect(err)
 }
+
+/// A client's `initialize`, `notifications/initialized`, then `calls` `issue_refund` calls
+/// (ids 1 to `calls`), one message a line: a burst for the `report_fixture` server.
+pub fn refund_burst(calls: usize) -> Vec<u8> {
+    let mut out = String::from(
+        "{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"burst\",\"version\":\"1\"}}}\n\
+         {\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n",
+    );
+    for id in 1..=calls {
+        out.push_str(&format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"issue_refund\",\"arguments\":{{\"amount_cents\":{id}}}}}}}\n"
+        ));
+    }
+    out.into_bytes()
+}
