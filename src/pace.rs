@@ -56,8 +56,10 @@ fn own_nice() -> Option<i32> {
 /// Puts the calling thread in the batch scheduling class, [`OBSERVER_NICE_BELOW`] nice levels
 /// below its own (a thread starts with its creator's, so the wrapper's). On Linux both
 /// calls apply to that thread only (threads are scheduled entities there); elsewhere they would
-/// change the whole process, relay included, so it does nothing. Returns whether either was set.
-/// Call it once, at thread start: an unprivileged thread cannot take back a lower priority.
+/// change the whole process, relay included, so it does nothing. Returns the nice value it put
+/// the thread at (at most the kernel's lowest) when either call took effect, `None` when
+/// neither did. Call it once, at thread start: an unprivileged thread cannot take back a lower
+/// priority.
 ///
 /// Batch, not idle: a thread in the batch class never preempts on waking, and the relay's
 /// threads preempt it as they would an idle-class one, but it keeps a small share of a CPU that
@@ -102,6 +104,7 @@ pub fn lower_current_thread_to(nice: i32) -> bool {
     }
     #[cfg(not(target_os = "linux"))]
     {
+        let _ = nice;
         false
     }
 }
