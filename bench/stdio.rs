@@ -726,7 +726,6 @@ fn run_target(
     // on with its session gives it the time to catch up, not a close (which closing at once
     // measured alone, and which leaves the session's end to another workload).
     sess.wait_quiet(QUIET_LIMIT);
-    rss_small = rss_small.max(sess.snapshot().hwm_kib);
     let calls = sess.calls;
     rec.calls += calls;
     let file = sess.events_file.clone();

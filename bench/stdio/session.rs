@@ -599,10 +599,12 @@ impl Session {
 
     fn finish_inner(mut self, watch_peak: bool) -> Result<Finish, String> {
         let pid = self.child.id();
-        // Ends when the target has exited: a zombie has no memory lines.
+        // Read once here, before the close: a target with nothing left to do may exit before
+        // the watcher's first read. The watcher ends when it has exited (a zombie has no
+        // memory lines).
         let watcher = watch_peak.then(|| {
+            let mut peak = read_hwm(pid).unwrap_or(0);
             thread::spawn(move || {
-                let mut peak = 0;
                 while let Some(h) = read_hwm(pid) {
                     peak = h.max(peak);
                     thread::sleep(PEAK_POLL);
