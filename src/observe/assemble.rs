@@ -517,5 +517,18 @@ mod tests {
         let fresh = clock.at(later);
         assert!(fresh > now, "{fresh:?} read anew");
         assert_ne!(clock.0.map(|a| a.0), Some(base));
+
+        // A stamp further back than the span: the clocks are read anew, and its distance from
+        // them is kept, not dropped.
+        let long_ago = Instant::now()
+            .checked_sub(ms(500))
+            .expect("an uptime over 500 ms");
+        let before = SystemTime::now();
+        let wall = clock.at(long_ago);
+        let after = SystemTime::now();
+        assert!(
+            wall <= after - ms(500) && wall + ms(550) >= before,
+            "{wall:?} is 500 ms before {before:?}–{after:?}"
+        );
     }
 }
