@@ -69,8 +69,7 @@ fn own_nice() -> Option<i32> {
 pub fn lower_current_thread() -> Option<i32> {
     #[cfg(target_os = "linux")]
     {
-        let nice = own_nice().unwrap_or(0) + OBSERVER_NICE_BELOW;
-        lower_current_thread_to(nice).then_some(nice.min(NICE_MAX))
+        lower_current_thread_to(own_nice().unwrap_or(0) + OBSERVER_NICE_BELOW)
     }
     #[cfg(not(target_os = "linux"))]
     {
@@ -84,14 +83,13 @@ pub fn lower_current_thread() -> Option<i32> {
 /// already runs at its nice. Lowered relative to that it went another nine levels down, to a
 /// weight of 18 against the observer's 137, and the writes the observer waits for waited for
 /// the observer's slices to end (`bench/README.md`, "Events written ahead of the reporter").
-/// Returns whether either was set.
-pub fn lower_current_thread_to(nice: i32) -> bool {
+/// Returns the nice value it put the thread at when either call took effect, as
+/// [`lower_current_thread`] does.
+pub fn lower_current_thread_to(nice: i32) -> Option<i32> {
     #[cfg(target_os = "linux")]
     {
         let tid = nix::unistd::gettid().as_raw();
-        let Ok(who) = libc::id_t::try_from(tid) else {
-            return false;
-        };
+        let who = libc::id_t::try_from(tid).ok()?;
         let nice = nice.min(NICE_MAX);
         // SAFETY: setpriority takes three integers and touches no memory of ours; any value is
         // sound (an invalid `who` or a refused change only returns -1 with errno set).
@@ -100,12 +98,12 @@ pub fn lower_current_thread_to(nice: i32) -> bool {
         // SAFETY: `param` is a valid sched_param that outlives the call, which only reads it;
         // pid 0 is the calling thread. A refusal only returns -1 with errno set.
         let batch = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } == 0;
-        niced || batch
+        (niced || batch).then_some(nice)
     }
     #[cfg(not(target_os = "linux"))]
     {
         let _ = nice;
-        false
+        None
     }
 }
 
@@ -525,7 +523,7 @@ mod tests {
             let pool = std::thread::spawn(move || {
                 let tid = nix::unistd::gettid().as_raw();
                 let inherited = thread_nice(tid);
-                assert!(lower_current_thread_to(level));
+                assert_eq!(lower_current_thread_to(level), Some(level));
                 (inherited, thread_nice(tid), thread_policy(tid))
             })
             .join()

@@ -195,26 +195,27 @@ impl ObserverShared {
     /// [`crate::pace::lower_current_thread`] while the session lasts, remembering the thread
     /// for [`ObserverShared::restore_threads`].
     fn lower_current_thread(&self) {
-        let mut lowered = crate::lock::lock(&self.lowered);
-        let (threads, ended) = &mut *lowered;
-        if *ended {
-            return;
-        }
-        if let Some(level) = crate::pace::lower_current_thread() {
+        self.lower_with(|| {
+            let level = crate::pace::lower_current_thread()?;
             let _ = self.level.set(level);
-            threads.push(nix::unistd::gettid().as_raw());
-        }
+            Some(level)
+        });
     }
 
     /// A thread of the observer's runtime's blocking pool (the file sink's writes): lowered to
     /// the observer thread's level ([`crate::pace::lower_current_thread_to`]), not below it.
     fn lower_pool_thread(&self) {
+        if let Some(&level) = self.level.get() {
+            self.lower_with(|| crate::pace::lower_current_thread_to(level));
+        }
+    }
+
+    /// Runs `lower` on the calling thread unless the session has ended, and remembers the
+    /// thread when it lowered it.
+    fn lower_with(&self, lower: impl FnOnce() -> Option<i32>) {
         let mut lowered = crate::lock::lock(&self.lowered);
         let (threads, ended) = &mut *lowered;
-        let Some(&level) = self.level.get() else {
-            return;
-        };
-        if !*ended && crate::pace::lower_current_thread_to(level) {
+        if !*ended && lower().is_some() {
             threads.push(nix::unistd::gettid().as_raw());
         }
     }
