@@ -43,9 +43,8 @@ fn peak_rss_kib(pid: u32) -> u64 {
 /// CPU time (user + system, in clock ticks) a live process has used so far.
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
-    // Fields 14 and 15 (utime, stime) counted from the state, which follows the command name.
-    let after = stat.rsplit_once(')').expect("command name").1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15: utime, stime.
+    let (_, fields) = stat_fields(&stat).expect("command name");
     fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }
 

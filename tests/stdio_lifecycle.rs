@@ -445,12 +445,10 @@ fn thread_priorities(pid: u32) -> Vec<(String, i64, i64)> {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
             continue;
         };
-        let (head, rest) = stat.rsplit_once(')').expect("stat has (comm)");
-        let comm = head.split_once('(').expect("stat has (comm)").1.to_string();
-        // Fields after `(comm)` start at field 3: nice is field 19, policy field 41.
-        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (comm, f) = stat_fields(&stat).expect("stat has (comm)");
+        // Nice is field 19, policy field 41.
         let num = |n: usize| f[n - 3].parse::<i64>().expect("number");
-        out.push((comm, num(19), num(41)));
+        out.push((comm.to_string(), num(19), num(41)));
     }
     out
 }

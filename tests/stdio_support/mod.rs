@@ -179,12 +179,19 @@ pub fn field(line: &str, key: &str) -> u32 {
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
 }
 
+/// The command name and the fields after it of a `/proc/<pid>/stat` (or
+/// `/proc/<pid>/task/<tid>/stat`) text: field 3, the state, first, so field `n` is at `n - 3`.
+/// The name is parenthesised and may itself hold spaces and parentheses.
+pub fn stat_fields(stat: &str) -> Option<(&str, Vec<&str>)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1;
+    Some((comm, rest.split_whitespace().collect()))
+}
+
 /// `Some(state)` from /proc/<pid>/stat (`R`, `S`, `Z`, …), `None` if the pid is gone.
 pub fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The state follows the parenthesised command name, which may itself contain spaces.
-    let after = stat.rsplit_once(')')?.1;
-    after.trim_start().chars().next()
+    stat_fields(&stat)?.1.first()?.chars().next()
 }
 
 /// Waits until `pid` is no longer a running process (gone, or a zombie some init will reap).
