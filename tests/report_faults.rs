@@ -35,6 +35,18 @@ fn cfg(target: IngestTarget, flush_ms: u64, shutdown_ms: u64) -> ReportConfig {
     }
 }
 
+/// [`cfg`] for a `file:` sink at `path`, which needs no token.
+fn file_cfg(path: &std::path::Path, flush_ms: u64, shutdown_ms: u64) -> ReportConfig {
+    ReportConfig {
+        token: None,
+        ..cfg(
+            IngestTarget::File(path.to_path_buf()),
+            flush_ms,
+            shutdown_ms,
+        )
+    }
+}
+
 /// Short timeouts so a black hole costs hundreds of milliseconds, not tens of seconds.
 fn quick() -> Tuning {
     Tuning {
@@ -464,9 +476,7 @@ async fn canary_values_never_reach_the_ingest() {
 async fn canary_values_never_reach_the_file_sink() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("events.jsonl");
-    let mut c = cfg(IngestTarget::File(path.clone()), 2000, 5000);
-    c.token = None;
-    let (mut q, h) = report::start(c);
+    let (mut q, h) = report::start(file_cfg(&path, 2000, 5000));
     let (e, canaries) = canary_event();
     q.emit(e);
     let stats = h.shutdown().await;
@@ -535,8 +545,7 @@ async fn file_sink_appends_one_schema_valid_json_line_per_batch() {
     let path = dir.path().join("sub-does-not-matter.jsonl");
     let validator = batch_validator();
 
-    let mut c = cfg(IngestTarget::File(path.clone()), 600_000, 10_000);
-    c.token = None; // a file sink needs no token
+    let c = file_cfg(&path, 600_000, 10_000);
     let (mut q, h) = report::start(c.clone());
     let ids = emit_n(&mut q, 1200);
     let stats = h.shutdown().await;
@@ -578,9 +587,7 @@ async fn file_sink_appends_one_schema_valid_json_line_per_batch() {
 async fn the_queue_counts_what_waits_and_says_when_the_batcher_takes_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("events.jsonl");
-    let mut c = cfg(IngestTarget::File(path.clone()), 600_000, 10_000);
-    c.token = None;
-    let (mut q, h) = report::start(c);
+    let (mut q, h) = report::start(file_cfg(&path, 600_000, 10_000));
     let taken = q
         .taken()
         .expect("the reporter's queue says when it takes events");
@@ -607,9 +614,7 @@ async fn the_queue_counts_what_waits_and_says_when_the_batcher_takes_it() {
 async fn unwritable_file_sink_fails_open_and_counts() {
     let dir = tempfile::tempdir().expect("tempdir");
     // A directory cannot be opened for appending.
-    let mut c = cfg(IngestTarget::File(dir.path().to_path_buf()), 2000, 2000);
-    c.token = None;
-    let (mut q, h) = report::start(c);
+    let (mut q, h) = report::start(file_cfg(dir.path(), 2000, 2000));
     emit_n(&mut q, 3);
     let stats = h.shutdown().await;
     assert_eq!(stats.delivered, 0);
