@@ -10,16 +10,19 @@ callgrind, four ways: unobserved, a `file:` sink, a loopback ingest, and OTLP to
 receiver (both a thread here answering 200 to every POST). Every function of the wrapper that ran
 becomes a line of the linker script, in that order (start-up and relay first), with its hash
 replaced by a wildcard, so that the script survives a new compiler or a small change elsewhere.
-Give it both release builds: `cargo build --release`'s and `cargo bench`'s (the benchmark's
-dev-dependencies change the features of tokio and so every symbol's hash). Needs valgrind, the
-venv and node packages scripts/test-deps.sh installs. Why this exists and what it saved:
-bench/README.md, "Code layout".
+Give it the three release builds: `cargo build --release`'s, `cargo bench`'s (the benchmark's
+dev-dependencies change the features of tokio and so every symbol's hash) and the profile-guided
+one the packages ship (`bash scripts/pgo.sh --build`: a profile inlines other functions, so
+other symbols run; a list made without it left that build's session code over 18 windows).
+Needs valgrind, the venv and node packages scripts/test-deps.sh installs. Why this exists and
+what it saved: bench/README.md, "Code layout".
 
 `--check` runs one session (`file:` sink) through a built wrapper and fails when the code that ran
 outside the list's section spreads over more than CHECK_LIMIT of the 64 KiB windows the kernel
 keeps resident around each page run: the list has gone stale, regenerate it (`cargo build
---release`, copy the binary, `cargo bench --no-run`, copy that one, then the first form with both
-copies). CI runs it on the release build it packages.
+--release`, copy the binary, `cargo bench --no-run`, copy that one, `bash scripts/pgo.sh
+--build`, then the first form with the two copies and target/pgo/bounded-observe-mcp). CI runs
+it on the release build it packages, the profile-guided one.
 """
 
 from __future__ import annotations
