@@ -12,8 +12,9 @@
 # Targets: x86_64-unknown-linux-gnu, and aarch64-unknown-linux-gnu when its Rust target and
 # cross linker are installed (scripts/package-deps.sh tries to); the other platforms listed in
 # npm/ (macOS, Windows) cannot be built here and get no artifact. scripts/test-package.sh installs
-# and runs what this leaves in dist/. One release build per target, reused: set CARGO_TARGET_DIR
-# to a directory that already holds one to save the time.
+# and runs what this leaves in dist/. One release build per target, reused (set CARGO_TARGET_DIR
+# to a directory that already holds one to save the time), and for the host target an
+# instrumented one before it, for its profile (scripts/pgo.sh; BOUNDED_PGO=0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -95,6 +96,16 @@ if [ "$host" != aarch64-unknown-linux-gnu ]; then
   fi
 fi
 
+# The host target's binary is built with a profile of a training run (scripts/pgo.sh): 12 % less
+# of the observer's CPU per call (bench/README.md, "A profile-guided build"). The profile names
+# functions by symbol, and symbols differ by target, so a cross build cannot use it: aarch64 is
+# built without. BOUNDED_PGO=0 builds the host's without it too.
+pgo_flags=""
+if [ "${BOUNDED_PGO:-1}" != 0 ]; then
+  bash scripts/pgo.sh
+  pgo_flags="-Cprofile-use=$root/target/pgo/merged.profdata"
+fi
+
 rm -rf dist
 mkdir -p dist/wheels dist/npm dist/crate
 stage="$target_dir/package-stage"
@@ -118,7 +129,23 @@ for target in "${targets[@]}"; do
   # `cargo install` uses in the packaging test, so that one release build serves both.
   target_args=()
   [ "$target" = "$host" ] || target_args=(--target "$target")
-  "$tools/maturin" build --release "${target_args[@]}" --out "$out"
+  if [ "$target" = "$host" ] && [ -n "$pgo_flags" ]; then
+    RUSTFLAGS="$pgo_flags" "$tools/maturin" build --release "${target_args[@]}" --out "$out"
+    # A profile that named no function of this build would leave it unoptimised, silently: the
+    # trained binary and this one must name the crate's functions alike.
+    # (516 of 533 are, the rest inlined differently.)
+    crate_symbols() { nm "$1" | awk '/ _ZN19bounded_observe_mcp/ {print $3}' | sort -u; }
+    built=$(crate_symbols "$target_dir/release/bounded-observe-mcp" | wc -l)
+    shared=$(comm -12 <(crate_symbols "$root/target/pgo/gen/release/bounded-observe-mcp") \
+      <(crate_symbols "$target_dir/release/bounded-observe-mcp") | wc -l)
+    if [ $((shared * 2)) -lt "$built" ]; then
+      echo "package.sh: only $shared of the crate's $built symbols are named as in the trained build: the profile did not apply" >&2
+      exit 1
+    fi
+    echo "package.sh: $target built with the profile ($shared of the crate's $built symbols named as in the trained build)"
+  else
+    "$tools/maturin" build --release "${target_args[@]}" --out "$out"
+  fi
   wheels=("$out"/*.whl)
   if [ ${#wheels[@]} -ne 1 ]; then
     echo "package.sh: expected one wheel for $target, got ${wheels[*]}" >&2
