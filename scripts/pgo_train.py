@@ -88,6 +88,7 @@ def stdio_session(args: list[str], sequential: int, burst: int, large: int) -> N
     if burst:
         first = 10_000_000
         reqs = b"".join(line(call(first + i)) for i in range(burst))
+
         def write() -> None:
             p.stdin.write(reqs)
             p.stdin.flush()
@@ -111,11 +112,11 @@ class Sink(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
+    # The paths posted to, checked at the end.
+    seen: set[str] = set()
 
     def log_message(self, *args) -> None:
         pass
-
-    seen: set[str] = set()
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
