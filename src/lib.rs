@@ -45,6 +45,7 @@ pub(crate) mod random;
 pub mod report;
 mod run;
 pub mod tap;
+pub(crate) mod text;
 pub mod token;
 
 use std::ffi::OsString;

@@ -939,10 +939,7 @@ fn rfc3339_ms_epoch(d: std::time::Duration) -> String {
     };
     put_digits(&mut b, 20, 3, u64::from(d.subsec_millis()));
     // Only ASCII digits and separators were written; the fallback keeps it panic-free.
-    std::str::from_utf8(&b).map_or_else(
-        |_| rfc3339_ms_time(std::time::UNIX_EPOCH + d),
-        str::to_owned,
-    )
+    crate::text::utf8(&b).map_or_else(|| rfc3339_ms_time(std::time::UNIX_EPOCH + d), str::to_owned)
 }
 
 /// The timestamp of second `secs` after the epoch (before year 10000), `.000Z` for the

@@ -754,7 +754,7 @@ pub fn peek(msg: &[u8]) -> Result<Peek<'_>, PeekError> {
     // parsed from its bytes, where the values it skips are never checked at all. The result is
     // the same every way.
     let text = (msg.len() <= WHOLE_UTF8_MAX)
-        .then(|| std::str::from_utf8(msg).ok())
+        .then(|| crate::text::utf8(msg))
         .flatten();
     if let Some(p) = text.and_then(plain::peek) {
         return Ok(p);
