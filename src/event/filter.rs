@@ -1692,7 +1692,7 @@ pub(crate) mod tests {
                     )| Event {
                         v,
                         id,
-                        ts,
+                        ts: ts.into(),
                         class: if drift == 0 {
                             EventClass::Drift
                         } else if error {

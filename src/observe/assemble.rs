@@ -23,8 +23,8 @@ use crate::event::filter::REDACTED;
 use crate::event::privacy::{Capture, Memo, MAX_FIELDS};
 use crate::event::EventClass;
 use crate::event::{
-    new_event_id, rfc3339_ms, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr,
-    SENSOR_GRADE, SENSOR_KIND, SENSOR_METHOD, SENSOR_RAIL,
+    new_event_id, Actor, ByteSizes, Dest, Event, EventSink, Rec, Session, SharedStr, SENSOR_GRADE,
+    SENSOR_KIND, SENSOR_METHOD, SENSOR_RAIL,
 };
 
 use super::catalog::Drift;
@@ -407,7 +407,7 @@ impl<S: EventSink> Observer<S> {
         let event = Event {
             v: crate::event::EVENT_SCHEMA_VERSION,
             id: new_event_id(),
-            ts: rfc3339_ms(a.started_wall),
+            ts: self.stamps.at(a.started_wall),
             class: outcome.class(),
             rec: Rec {
                 rail: SENSOR_RAIL.into(),
@@ -463,7 +463,10 @@ impl<S: EventSink> Observer<S> {
         let event = Event {
             v: crate::event::EVENT_SCHEMA_VERSION,
             id: new_event_id(),
-            ts: rfc3339_ms(self.wall.at(seen)),
+            ts: {
+                let at = self.wall.at(seen);
+                self.stamps.at(at)
+            },
             class: EventClass::Drift,
             rec: Rec {
                 rail: SENSOR_RAIL.into(),

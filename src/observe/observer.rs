@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::event::call::{SessionFacts, TraceContext};
 use crate::event::health::Health;
 use crate::event::privacy::CapturePolicy;
-use crate::event::{EventSink, SharedStr};
+use crate::event::{EventSink, SharedStr, Stamps};
 use crate::tap::Direction;
 
 use super::assemble::{
@@ -138,6 +138,7 @@ pub struct Observer<S: EventSink> {
     pub(super) created: Instant,
     /// Turns relay stamps into the wall-clock times events carry.
     pub(super) wall: WallClock,
+    pub(super) stamps: Stamps,
 }
 
 impl<S: EventSink> Observer<S> {
@@ -178,6 +179,7 @@ impl<S: EventSink> Observer<S> {
             header_trace: None,
             created: Instant::now(),
             wall: WallClock::default(),
+            stamps: Stamps::default(),
             tap_dropped_bytes: 0,
             health_sent: Health::default(),
         }

@@ -527,7 +527,7 @@ mod tests {
         Event {
             v: 2,
             id: "f".repeat(64),
-            ts: rfc3339_ms(std::time::SystemTime::now()),
+            ts: rfc3339_ms(std::time::SystemTime::now()).into(),
             class: EventClass::Error,
             rec: Rec {
                 rail: "mcp".into(),

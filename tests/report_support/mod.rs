@@ -236,7 +236,7 @@ pub fn event(tool: &str) -> Event {
     Event {
         v: 2,
         id: new_event_id(),
-        ts: rfc3339_ms(std::time::SystemTime::now()),
+        ts: rfc3339_ms(std::time::SystemTime::now()).into(),
         class: EventClass::Action,
         rec: Rec {
             rail: "mcp".into(),
