@@ -1316,6 +1316,27 @@ mod tests {
         assert_eq!(rfc3339_ms(past), "1969-12-31T23:59:58.500Z");
     }
 
+    /// Instants of one millisecond share one text; the next millisecond, an earlier one and
+    /// one before the epoch each get their own, and every text is `rfc3339_ms`'s.
+    #[test]
+    fn stamps_share_a_millisecond_and_only_that() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let mut stamps = Stamps::default();
+        let t = UNIX_EPOCH + Duration::new(1_764_979_200, 123_000_000);
+        let first = stamps.at(t);
+        assert_eq!(first.as_str(), rfc3339_ms(t));
+        let same_ms = stamps.at(t + Duration::from_micros(999));
+        assert!(same_ms.same(&first), "one allocation for the millisecond");
+        let next = stamps.at(t + Duration::from_millis(1));
+        assert_eq!(next.as_str(), "2025-12-06T00:00:00.124Z");
+        assert!(!next.same(&first));
+        let back = stamps.at(t);
+        assert_eq!(back, first);
+        assert!(!back.same(&next), "an earlier millisecond is made anew");
+        let past = UNIX_EPOCH - Duration::from_millis(1_500);
+        assert_eq!(stamps.at(past).as_str(), "1969-12-31T23:59:58.500Z");
+    }
+
     #[test]
     fn hex_matches_two_digit_format() {
         let b: Vec<u8> = (0..=255).collect();

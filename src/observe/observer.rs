@@ -138,6 +138,7 @@ pub struct Observer<S: EventSink> {
     pub(super) created: Instant,
     /// Turns relay stamps into the wall-clock times events carry.
     pub(super) wall: WallClock,
+    /// The timestamp text of its events, made once a millisecond.
     pub(super) stamps: Stamps,
 }
 
