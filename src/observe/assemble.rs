@@ -172,29 +172,24 @@ pub(super) struct WallClock(Option<(Instant, SystemTime)>);
 impl WallClock {
     /// The wall-clock time of `seen`, a stamp from the recent past.
     pub(super) fn at(&mut self, seen: Instant) -> SystemTime {
-        // The usual stamp lies just after the anchor: one subtraction of the two `Instant`s
-        // decides and measures it (each took ~50 instructions, and the two-sided test took
-        // four of them a call, `bench/README.md`).
-        if let Some((at, wall)) = self.0 {
-            match seen.checked_duration_since(at) {
-                Some(later) if later <= WALL_ANCHOR_SPAN => {
-                    return wall.checked_add(later).unwrap_or(wall)
-                }
-                Some(_) => {}
-                None => {
-                    let earlier = at.saturating_duration_since(seen);
-                    if earlier <= WALL_ANCHOR_SPAN {
-                        return wall.checked_sub(earlier).unwrap_or(wall);
-                    }
-                }
+        // How far `seen` lies from an anchor, and its wall-clock time by that anchor. The usual
+        // stamp lies just after the anchor: one subtraction of the two `Instant`s decides and
+        // measures it (each took ~50 instructions, and the two-sided test took four of them a
+        // call, `bench/README.md`).
+        let by = |(at, wall): (Instant, SystemTime)| match seen.checked_duration_since(at) {
+            Some(later) => (later, wall.checked_add(later).unwrap_or(wall)),
+            None => {
+                let earlier = at.saturating_duration_since(seen);
+                (earlier, wall.checked_sub(earlier).unwrap_or(wall))
+            }
+        };
+        if let Some(anchor) = self.0 {
+            let (away, time) = by(anchor);
+            if away <= WALL_ANCHOR_SPAN {
+                return time;
             }
         }
-        let (at, wall) = *self.0.insert((Instant::now(), SystemTime::now()));
-        match seen.checked_duration_since(at) {
-            Some(later) => wall.checked_add(later),
-            None => wall.checked_sub(at.saturating_duration_since(seen)),
-        }
-        .unwrap_or(wall)
+        by(*self.0.insert((Instant::now(), SystemTime::now()))).1
     }
 }
 
@@ -463,10 +458,7 @@ impl<S: EventSink> Observer<S> {
         let event = Event {
             v: crate::event::EVENT_SCHEMA_VERSION,
             id: new_event_id(),
-            ts: {
-                let at = self.wall.at(seen);
-                self.stamps.at(at)
-            },
+            ts: self.stamps.at(self.wall.at(seen)),
             class: EventClass::Drift,
             rec: Rec {
                 rail: SENSOR_RAIL.into(),
