@@ -1,12 +1,12 @@
 //! Bytes read as text, with ASCII checked in bulk before UTF-8's byte-by-byte rules.
 //!
 //! Owns [`utf8`], the conversion of bytes to text on a call's path (the observer's peek of each
-//! message, an event's timestamp). It answers exactly as `std::str::from_utf8` would, only
-//! sooner for bytes that are all ASCII, which an ordinary message is: one OR over all the
-//! bytes, which the compiler checks 16 at a time, where the standard validator took ~150
-//! instructions for a small message (`bench/README.md`). Must never hand out text for bytes
-//! it has not proved valid UTF-8: anything with a byte of 0x80 or more goes to the standard
-//! validator.
+//! message, an event's timestamp, the privacy checks' normalised keys and numbers). It answers
+//! exactly as `std::str::from_utf8` would, only sooner for bytes that are all ASCII, which an
+//! ordinary message is: one OR over all the bytes, which the compiler checks 16 at a time, where
+//! the standard validator took ~150 instructions for a small message (`bench/README.md`). Must
+//! never hand out text for bytes it has not proved valid UTF-8: anything with a byte of 0x80 or
+//! more goes to the standard validator.
 
 /// True if every byte of `b` is below 0x80. An OR of all of them, with no branch per byte, so
 /// that the compiler vectorises it (16 bytes to a word by hand measured no better).

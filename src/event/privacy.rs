@@ -272,7 +272,7 @@ fn with_normalized<R>(key: &str, f: impl FnOnce(&str) -> R) -> R {
             n += 1;
         }
         // Only ASCII bytes were written, so this cannot fail; the fallback keeps it panic-free.
-        if let Ok(k) = std::str::from_utf8(&buf[..n]) {
+        if let Some(k) = crate::text::utf8(&buf[..n]) {
             return f(k);
         }
     }
@@ -1246,7 +1246,7 @@ fn number_passes(n: &Number) -> bool {
         len: 0,
     };
     if write!(t, "{n}").is_ok() {
-        if let Ok(s) = std::str::from_utf8(&t.buf[..t.len]) {
+        if let Some(s) = crate::text::utf8(&t.buf[..t.len]) {
             return !number_text_sensitive(s);
         }
     }
