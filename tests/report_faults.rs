@@ -72,7 +72,7 @@ fn emit_n(q: &mut impl EventSink, n: usize) -> Vec<String> {
     (0..n)
         .map(|_| {
             let e = event("issue_refund");
-            let id = e.id.clone();
+            let id = e.id.to_string();
             q.emit(e);
             id
         })
@@ -492,7 +492,7 @@ async fn events_the_filter_rejects_are_counted_and_never_sent() {
     bad.id = "x".into(); // too short for an event id
     bad.dest.path_template = "no-leading-slash".into();
     let good = event("issue_refund");
-    let good_id = good.id.clone();
+    let good_id = good.id.to_string();
     q.emit(bad);
     q.emit(good);
     let stats = h.shutdown().await;
@@ -680,7 +680,7 @@ async fn batches_of_wide_events_stay_under_one_mib_and_lose_no_event() {
     let mut ids = Vec::new();
     for _ in 0..n {
         let e = wide_event();
-        ids.push(e.id.clone());
+        ids.push(e.id.to_string());
         q.emit(e);
     }
     let stats = h.shutdown().await;

@@ -1691,7 +1691,7 @@ pub(crate) mod tests {
                         (tool_def, listed, hints, change, prev, catalog, fp, drift),
                     )| Event {
                         v,
-                        id,
+                        id: id.into(),
                         ts: ts.into(),
                         class: if drift == 0 {
                             EventClass::Drift

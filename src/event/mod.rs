@@ -148,6 +148,94 @@ impl<'de> Deserialize<'de> for SharedStr {
     }
 }
 
+/// An event's `id`. The sensor's own are 32 hex digits of 128 random bits ([`new_event_id`]),
+/// held inline: as a `String` each cost an allocation and a free per event (bench/README.md).
+/// Any other text (a test's, or none when the OS had no randomness) is held as given, so that
+/// L3 judges exactly what would be sent. Compares, serialises and deserialises as its text.
+#[derive(Clone)]
+pub struct EventId(IdText);
+
+#[derive(Clone)]
+enum IdText {
+    /// Lower-case hex digits: ASCII.
+    Hex([u8; 32]),
+    Other(String),
+}
+
+impl EventId {
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            // Never empty in fact: `Hex` holds only digits `hex_digits` wrote.
+            IdText::Hex(h) => crate::text::utf8(h).unwrap_or_default(),
+            IdText::Other(s) => s,
+        }
+    }
+}
+
+impl std::ops::Deref for EventId {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq for EventId {
+    fn eq(&self, other: &EventId) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for EventId {}
+
+/// The text's hash: equal text, equal hash, as [`PartialEq`] compares.
+impl std::hash::Hash for EventId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialEq<str> for EventId {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl std::fmt::Debug for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<String> for EventId {
+    fn from(s: String) -> Self {
+        EventId(IdText::Other(s))
+    }
+}
+
+impl From<&str> for EventId {
+    fn from(s: &str) -> Self {
+        EventId(IdText::Other(s.to_owned()))
+    }
+}
+
+impl Serialize for EventId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for EventId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(EventId::from)
+    }
+}
+
 /// `rec.fields`: captured argument values by key, the keys unique and in ascending byte order
 /// (the order of a `serde_json::Map`, in which the L3 filter keeps the first fields that pass
 /// and a JSON object of them is written). A sorted `Vec`: an event holds one to a few, where a
@@ -386,7 +474,7 @@ pub struct EventErr {
 pub struct Event {
     pub v: u32,
     /// 128-bit random, hex; the ingest de-duplicates on it.
-    pub id: String,
+    pub id: EventId,
     /// RFC 3339 UTC with milliseconds, when the request was seen. Shared by the events an
     /// observer stamps in the same millisecond ([`Stamps`]).
     pub ts: SharedStr,
@@ -868,30 +956,39 @@ impl EventSink for Vec<Event> {
 /// be taken first. An empty id is no id: L3 takes 8 to 64 characters, so the reporter rejects
 /// the event and counts it, and it is never sent. Failing open, never panicking: the relay
 /// carries on, with one warning that events are not sent.
-pub fn new_event_id() -> String {
+pub fn new_event_id() -> EventId {
     match crate::random::pooled::<16>() {
-        Ok(b) => hex_lower(&b),
+        Ok(b) => {
+            let mut hex = [0u8; 32];
+            for (pair, x) in hex.chunks_exact_mut(2).zip(b) {
+                pair.copy_from_slice(&hex_digits(x));
+            }
+            EventId(IdText::Hex(hex))
+        }
         Err(_) => {
             static WARNED: std::sync::atomic::AtomicBool =
                 std::sync::atomic::AtomicBool::new(false);
             if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!("No randomness for event ids; events are not sent");
             }
-            String::new()
+            EventId::from(String::new())
         }
     }
 }
 
-/// Lower-case hex in one allocation (one `format!` per byte cost 16 per event). The crate's one
-/// hex encoder: event ids, catalog and session hashes, key ids.
-pub(crate) fn hex_lower(b: &[u8]) -> String {
+/// The two lower-case hex digits of `x`: the crate's one hex encoding, for event ids here and
+/// for [`hex_lower`].
+fn hex_digits(x: u8) -> [u8; 2] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [DIGITS[usize::from(x >> 4)], DIGITS[usize::from(x & 0x0f)]]
+}
+
+/// Lower-case hex in one allocation (one `format!` per byte cost 16 per event): catalog and
+/// session hashes, key ids.
+pub(crate) fn hex_lower(b: &[u8]) -> String {
     // Bytes, then one check that they are UTF-8 (they are ASCII): `String::push` encodes each
     // `char` on its own, which cost 28 instructions per input byte.
-    let hex: Vec<u8> = b
-        .iter()
-        .flat_map(|x| [DIGITS[usize::from(x >> 4)], DIGITS[usize::from(x & 0x0f)]])
-        .collect();
+    let hex: Vec<u8> = b.iter().flat_map(|&x| hex_digits(x)).collect();
     String::from_utf8(hex).unwrap_or_default()
 }
 
@@ -1072,7 +1169,7 @@ mod tests {
                 9 => refused.clone(),
                 _ => ev.clone(),
             };
-            e.id = format!("{i:032x}");
+            e.id = format!("{i:032x}").into();
             let want = filter_event(e.clone());
             match (writer.write(&mut e), want) {
                 (Ok(w), Ok(kept)) => {
@@ -1350,11 +1447,35 @@ mod tests {
         assert_ne!(id, new_event_id());
     }
 
+    /// An id held inline and the same text held as a `String` are one id: equal, hashed alike,
+    /// written alike, and read back equal.
+    #[test]
+    fn an_event_id_is_its_text_however_held() {
+        use std::hash::BuildHasher;
+        let id = new_event_id();
+        let text: EventId = id.as_str().to_owned().into();
+        assert!(matches!(id.0, IdText::Hex(_)) && matches!(text.0, IdText::Other(_)));
+        assert_eq!(id, text);
+        assert!(id == *text.as_str());
+        let h = std::collections::hash_map::RandomState::new();
+        assert_eq!(h.hash_one(&id), h.hash_one(&text));
+        let json = serde_json::to_string(&id).expect("serialises");
+        assert_eq!(json, format!("\"{}\"", text.as_str()));
+        assert_eq!(json, serde_json::to_string(&text).expect("serialises"));
+        let back: EventId = serde_json::from_str(&json).expect("deserialises");
+        assert_eq!(back, id);
+        assert_eq!(
+            format!("{id} {id:?}"),
+            format!("{} {:?}", text.as_str(), text.as_str())
+        );
+        assert_ne!(id, EventId::from("0123456789abcdef0123456789abcdef"));
+    }
+
     /// What [`new_event_id`] gives when the OS generator fails: such an event is never sent.
     #[test]
     fn an_event_without_an_id_does_not_pass_l3() {
         let mut ev: Event = serde_json::from_value(filter::tests::sample()).expect("an Event");
-        ev.id = String::new();
+        ev.id = String::new().into();
         assert!(filter_event(ev.clone()).is_err());
         let as_json = serde_json::to_value(&ev).expect("serialises");
         assert!(validate_and_filter_event(&as_json).is_err());
@@ -1363,7 +1484,7 @@ mod tests {
     #[test]
     fn pooled_ids_stay_unique_across_refills() {
         let n = 3 * crate::random::POOL_BYTES / 16 + 7;
-        let ids: std::collections::HashSet<String> = (0..n).map(|_| new_event_id()).collect();
+        let ids: std::collections::HashSet<EventId> = (0..n).map(|_| new_event_id()).collect();
         assert_eq!(ids.len(), n);
     }
 }

@@ -92,7 +92,7 @@ pub(super) fn clear_session_id() -> String {
     loop {
         let id = new_event_id();
         if !crate::event::privacy::contains_sensitive(&id) {
-            return id;
+            return id.to_string();
         }
     }
 }

@@ -526,7 +526,7 @@ mod tests {
         }
         Event {
             v: 2,
-            id: "f".repeat(64),
+            id: "f".repeat(64).into(),
             ts: rfc3339_ms(std::time::SystemTime::now()).into(),
             class: EventClass::Error,
             rec: Rec {
@@ -680,7 +680,7 @@ mod tests {
         let mut ids = Vec::new();
         for _ in 0..n {
             let ev = wide_event();
-            ids.push(ev.id.clone());
+            ids.push(ev.id.to_string());
             tx.try_send(written(ev)).expect("room");
         }
         drop(tx);
