@@ -290,9 +290,46 @@ impl<'a> Cursor<'a> {
     fn id(&mut self, depth: usize) -> Option<Lenient<RpcId>> {
         Some(match self.kind()? {
             Kind::String => Lenient::Ok(RpcId::Str(self.string()?.to_string())),
-            Kind::Number => Lenient::Ok(number_id(self.number()?)),
+            Kind::Number => Lenient::Ok(match self.counted_id() {
+                Some(n) => RpcId::Num(n),
+                None => number_id(self.number()?),
+            }),
             _ => self.wrong(depth)?,
         })
+    }
+
+    /// The usual numeric id, a plain integer of at most 18 digits (every SDK counts its ids up
+    /// from 0 or 1), summed as its digits are scanned: reading its text first and its digits
+    /// again ([`number_id`]) took about 250 instructions an id (bench/README.md). `None`, the
+    /// cursor unmoved, for anything else (a leading zero, a fraction, an exponent, more digits,
+    /// or anything but `,` `}` `]` or whitespace after the digits), which the general reading
+    /// then takes: so this answers only where it would answer the same.
+    fn counted_id(&mut self) -> Option<i128> {
+        let b = self.s.as_bytes();
+        let neg = b.get(self.i) == Some(&b'-');
+        let start = self.i + usize::from(neg);
+        let mut i = start;
+        let mut n = 0u64;
+        while let Some(&d) = b.get(i).filter(|d| d.is_ascii_digit()) {
+            if i - start == 18 {
+                return None;
+            }
+            n = n * 10 + u64::from(d - b'0');
+            i += 1;
+        }
+        let len = i - start;
+        if len == 0 || (len > 1 && b[start] == b'0') {
+            return None;
+        }
+        if !matches!(
+            b.get(i),
+            Some(b',' | b'}' | b']' | b' ' | b'\n' | b'\t' | b'\r')
+        ) {
+            return None;
+        }
+        self.i = i;
+        let n = i128::from(n);
+        Some(if neg { -n } else { n })
     }
 
     /// An object field: `read` for an object, absent for `null`, wrong for anything else.
@@ -682,13 +719,15 @@ mod tests {
         "10E-1",
         "0.000",
         "123456789012345678",
+        "-123456789012345678",
+        "1234567890123456789",
         "9223372036854775808",
         "18446744073709551616",
         "1e400",
         "-1E+400",
         "-0",
     ];
-    const BAD_NUMBERS: &[&str] = &["01", "1.", "-", "1e", "+1", ".5"];
+    const BAD_NUMBERS: &[&str] = &["01", "00", "-01", "1x", "1.", "-", "1e", "+1", ".5"];
 
     /// String contents without escapes, then escaped ones, a raw control character and a lone
     /// backslash.
