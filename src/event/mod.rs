@@ -163,6 +163,7 @@ enum IdText {
 }
 
 impl EventId {
+    #[inline]
     pub fn as_str(&self) -> &str {
         match &self.0 {
             // Never empty in fact: `Hex` holds only digits `hex_digits` wrote.
