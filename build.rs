@@ -15,6 +15,12 @@
 //! the linker would have put it. So the list goes stale as the code changes; CI runs
 //! `bench/hot_text.py --check` on the release build, which fails once a session's code outside the
 //! list spreads over more than a few 64 KiB windows.
+//!
+//! The script is copied into `OUT_DIR` and the link argument names that copy, never the source
+//! tree: two copies of the source at different paths that share one build directory (a common
+//! `CARGO_TARGET_DIR`, or CI's packaged-crate install reusing the release build) get the same
+//! build-script directory, and cargo reuses one copy's output for the other. An absolute path into
+//! the first copy's tree failed the second's link once the first was deleted.
 
 use std::env;
 use std::path::Path;
@@ -31,17 +37,25 @@ fn main() {
     let off = env::var("BOUNDED_BUILD_HOT_TEXT").is_ok_and(|v| v == "0");
     let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
     let other_linker = OTHER_LINKERS.iter().any(|l| flags.contains(l));
-    let Ok(dir) = env::var("CARGO_MANIFEST_DIR") else {
+    let (Ok(dir), Ok(out)) = (env::var("CARGO_MANIFEST_DIR"), env::var("OUT_DIR")) else {
         return;
     };
     let script = Path::new(&dir).join("link/hot-text.ld");
     if !linux || off || other_linker || !script.is_file() {
         return;
     }
+    let copy = Path::new(&out).join("hot-text.ld");
+    if let Err(e) = std::fs::copy(&script, &copy) {
+        // The layout is an optimisation: without it the code keeps the linker's order.
+        println!(
+            "cargo:warning=hot-text.ld not copied to OUT_DIR ({e}); code keeps the linker's order"
+        );
+        return;
+    }
     // Two arguments, so that no character of the path needs escaping.
     println!("cargo:rustc-link-arg-bin=bounded-observe-mcp=-T");
     println!(
         "cargo:rustc-link-arg-bin=bounded-observe-mcp={}",
-        script.display()
+        copy.display()
     );
 }

@@ -92,6 +92,16 @@ cargo install --quiet --locked --path "$src" --root "$tmp/cargo" \
   || fail "cargo install --path from the packaged crate"
 expect_version "crate" "$tmp/cargo/bin/bounded-observe-mcp" --version
 [ -x "$tmp/cargo/bin/bounded-ingest" ] || fail "cargo install did not install bounded-ingest"
+# The install shared the repository's release build directory, build-script output included,
+# which cargo reuses for the repository's own next build. Its link arguments must name no file in
+# the unpacked crate, deleted at exit (build.rs says why).
+outputs=("$CARGO_TARGET_DIR"/release/build/bounded-observe-mcp-*/output)
+[ -f "${outputs[0]}" ] || fail "no build-script output under $CARGO_TARGET_DIR/release/build"
+while IFS= read -r arg; do
+  [[ $arg != /* || ($arg != "$tmp"/* && -f $arg) ]] \
+    || fail "the build script links a file that will not outlive this test: $arg"
+done < <(sed -n 's/^cargo:rustc-link-arg-bin=bounded-observe-mcp=//p' "${outputs[@]}")
+pass "crate: its build-script output names no file in the unpacked source"
 
 echo "== reference ingest (from the installed crate) on loopback"
 export BOUNDED_INGEST_ADMIN_SECRET="package-test-admin-$RANDOM$RANDOM$RANDOM"
